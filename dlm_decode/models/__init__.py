@@ -1,0 +1,19 @@
+"""Native LLaDA and Dream models, registered with transformers' Auto classes on import."""
+
+from transformers import AutoConfig, AutoModel, AutoModelForMaskedLM
+
+from dlm_decode.models.dream import DreamConfig, DreamModel
+from dlm_decode.models.llada import LLaDAConfig, LLaDAModelLM
+from dlm_decode.models.loading import DEMO_MODELS, load_model, resolve_model_path
+
+for _cfg, _model in ((LLaDAConfig, LLaDAModelLM), (DreamConfig, DreamModel)):
+    AutoConfig.register(_cfg.model_type, _cfg, exist_ok=True)
+    AutoModel.register(_cfg, _model, exist_ok=True)
+    AutoModelForMaskedLM.register(_cfg, _model, exist_ok=True)
+
+SUPPORTED_MODEL_TYPES = (LLaDAConfig.model_type, DreamConfig.model_type)
+
+__all__ = [
+    "DEMO_MODELS", "SUPPORTED_MODEL_TYPES", "DreamConfig", "DreamModel", "LLaDAConfig", "LLaDAModelLM",
+    "load_model", "resolve_model_path",
+]

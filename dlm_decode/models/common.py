@@ -1,0 +1,178 @@
+"""Building blocks shared by the native LLaDA and Dream implementations.
+
+Both published architectures are pre-norm, bidirectional transformers with RMSNorm, rotary position embeddings
+(rotate-half layout), SiLU-gated MLPs and untied LM heads. They differ in key names, biases, GQA and in the
+numerics of RoPE (LLaDA rotates in fp32, Dream in the model dtype), which decide token identity in low precision;
+see ``../shared/docs/MODELS.md``.
+
+``DiffusionLMMixin`` is the decoding-facing surface every model offers: ``denoise`` computes hidden states for a
+subset of canvas slots (optionally reading and writing an external K/V store), and returns logits aligned so that
+``logits[i]`` always predicts slot ``i`` (Dream's one-position shift is applied here, never in samplers).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from dlm_decode.kernels import masked_attention
+
+if TYPE_CHECKING:
+    from dlm_decode.cache.store import KVStore
+
+Index = slice | torch.Tensor  # a contiguous run of canvas slots shared by all rows, or [B, Q] slot ids
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm computed in fp32, cast back to the input dtype, then scaled (LLaDA and Qwen2 agree on this order)."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(dtype)
+
+
+def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 cos/sin tables for integer ``positions`` [B, Q] -> two [B, 1, Q, hd] tensors."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=positions.device) / head_dim))
+    freqs = positions.float()[..., None] * inv_freq  # [B, Q, hd/2]
+    emb = torch.cat([freqs, freqs], dim=-1)[:, None]  # [B, 1, Q, hd]
+    return emb.cos(), emb.sin()
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat([-x2, x1], dim=-1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, full_precision: bool) -> torch.Tensor:
+    """Rotate ``x`` [B, H, Q, hd]. ``full_precision``: LLaDA (fp32 rotation); else Dream/HF (model-dtype rotation)."""
+    if full_precision:
+        xf = x.float()
+        return (xf * cos + rotate_half(xf) * sin).to(x.dtype)
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+    return x * cos + rotate_half(x) * sin
+
+
+def self_attention(
+    x: torch.Tensor,  # [B, Q, d]
+    proj: tuple[nn.Linear, nn.Linear, nn.Linear, nn.Linear],  # q, k, v, out
+    shape: tuple[int, int, int],  # n_heads, n_kv_heads, head_dim
+    rope: tuple[torch.Tensor, torch.Tensor, bool],  # cos, sin [B, 1, Q, hd], rotate in fp32?
+    layer: int,
+    store: KVStore | None,
+    slots: Index | None,
+    key_mask: torch.Tensor | None,  # [B, S] bool, True = visible key ([B, W] with key_index)
+    key_index: torch.Tensor | None,  # [B, W] slots of the keys to gather from the store
+) -> torch.Tensor:  # [B, Q, d]
+    """Bidirectional attention with GQA and RoPE; K/V of the computed slots go through ``store`` when given."""
+    n_heads, n_kv, hd = shape
+    cos, sin, rope_fp32 = rope
+    b, q_len, _ = x.shape
+    q = proj[0](x).view(b, q_len, n_heads, hd).transpose(1, 2)  # [B, H, Q, hd]
+    k = proj[1](x).view(b, q_len, n_kv, hd).transpose(1, 2)  # [B, Hk, Q, hd]
+    v = proj[2](x).view(b, q_len, n_kv, hd).transpose(1, 2)
+    q = apply_rope(q, cos, sin, rope_fp32)
+    k = apply_rope(k, cos, sin, rope_fp32)
+    if store is not None:
+        store.write(layer, slots, k, v)
+        k, v = store.keys(layer), store.values(layer)  # [B, Hk, S, hd]
+    out = masked_attention(q, k, v, key_mask=key_mask, key_index=key_index)  # [B, H, Q, hd]
+    return proj[3](out.transpose(1, 2).reshape(b, q_len, n_heads * hd))
+
+
+class DiffusionLMMixin:
+    """The decoding surface of a masked-diffusion LM (mixed into the transformers ``PreTrainedModel`` classes).
+
+    Subclasses implement ``hidden_states``, ``output_logits``, ``kv_shape``, ``max_sequence_length`` and set
+    ``logit_shift`` (0: hidden i predicts slot i, LLaDA; 1: hidden i-1 predicts slot i, Dream).
+    """
+
+    logit_shift: int = 0
+
+    # -- attributes read by the decoder -------------------------------------------------------------------
+    @property
+    def mask_token_id(self) -> int:
+        mid = getattr(self.config, "mask_token_id", None)
+        if mid is None:
+            raise ValueError(f"{type(self).__name__}: config has no mask_token_id; set it in config.json")
+        return int(mid)
+
+    @property
+    def eos_token_ids(self) -> list[int]:
+        ids = getattr(self.config, "eos_token_id", None)
+        ids = [ids] if isinstance(ids, int) else list(ids or [])
+        extra = getattr(self.config, "extra_eos_token_ids", None) or []
+        return sorted(set(ids) | set(extra))
+
+    @property
+    def max_sequence_length(self) -> int:
+        raise NotImplementedError
+
+    def kv_shape(self) -> tuple[int, int, int]:
+        """(n_layers, n_kv_heads, head_dim) for preallocating a K/V store."""
+        raise NotImplementedError
+
+    # -- the decoding forward -----------------------------------------------------------------------------
+    def hidden_states(
+        self,
+        input_ids: torch.Tensor,  # [B, Q] tokens at the computed slots
+        positions: torch.Tensor,  # [B, Q] rope positions of those slots
+        *,
+        store: KVStore | None = None,
+        slots: Index | None = None,
+        key_mask: torch.Tensor | None = None,
+        key_index: torch.Tensor | None = None,
+    ) -> torch.Tensor:  # [B, Q, d], after the final norm
+        raise NotImplementedError
+
+    def output_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    @torch.no_grad()
+    def denoise(
+        self,
+        canvas: torch.Tensor,  # [B, T]
+        positions: torch.Tensor,  # [B, T]
+        *,
+        compute: Index = slice(None),
+        region: tuple[int, int],
+        store: KVStore | None = None,
+        key_mask: torch.Tensor | None = None,  # [B, T] (or [B, W] with key_index)
+        key_index: torch.Tensor | None = None,
+    ) -> torch.Tensor:  # [B, R, V] logits; logits[:, j] predicts slot region[0] + j
+        """Compute hidden states at ``compute`` slots and return aligned logits for slots ``[r0, r1)``.
+
+        With an index tensor, region slots whose predicting hidden state was not computed get the logits of the
+        nearest computed slot; cache policies always compute the states behind masked region slots.
+        """
+        b, t = canvas.shape
+        r0, r1 = region
+        s = self.logit_shift
+        if isinstance(compute, slice):
+            c0, c1, _ = compute.indices(t)
+            hid = self.hidden_states(
+                canvas[:, c0:c1], positions[:, c0:c1], store=store, slots=slice(c0, c1),
+                key_mask=key_mask, key_index=key_index,
+            )
+            src = torch.arange(r0, r1, device=canvas.device) - s  # hidden slot predicting each region slot
+            src = src.clamp(min=0) - c0
+            if (src < 0).any() or (src >= c1 - c0).any():
+                raise ValueError(f"region {region} needs hidden states outside the computed slots [{c0}, {c1})")
+            return self.output_logits(hid[:, src])
+        ids = canvas.gather(1, compute)
+        pos = positions.gather(1, compute)
+        hid = self.hidden_states(ids, pos, store=store, slots=compute, key_mask=key_mask, key_index=key_index)
+        want = (torch.arange(r0, r1, device=canvas.device) - s).clamp(min=0)  # [R]
+        # row-wise lookup of the computed row holding each wanted slot (compute is sorted per row)
+        row = torch.searchsorted(compute.contiguous(), want.expand(b, -1).contiguous()).clamp(max=compute.shape[1] - 1)
+        return self.output_logits(hid.gather(1, row[..., None].expand(-1, -1, hid.shape[-1])))

@@ -1,0 +1,184 @@
+"""Native Dream (Dream-org/Dream-v0-Base-7B / -Instruct-7B; Qwen2.5 layout) that loads the official checkpoints.
+
+Parameter names follow the published safetensors (``model.layers.{i}.self_attn.q_proj`` ...). ``forward`` returns
+the official *unshifted* logits (hidden i scores token i+1), taking either a 2D key mask or the official 4D
+pairwise mask. Decoding goes through ``denoise``, which applies Dream's shift (``logit_shift = 1``) so that
+samplers always see ``logits[i]`` predicting slot ``i``. RoPE follows HF Qwen2: fp32 tables cast to the model
+dtype, rotation in the model dtype.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from transformers import PretrainedConfig, PreTrainedModel
+from transformers.modeling_outputs import MaskedLMOutput
+
+from dlm_decode.models.common import DiffusionLMMixin, RMSNorm, rope_cos_sin, self_attention
+
+
+class DreamConfig(PretrainedConfig):
+    model_type = "Dream"
+
+    def __init__(
+        self,
+        vocab_size: int = 152064,
+        hidden_size: int = 3584,
+        intermediate_size: int = 18944,
+        num_hidden_layers: int = 28,
+        num_attention_heads: int = 28,
+        num_key_value_heads: int = 4,
+        hidden_act: str = "silu",
+        max_position_embeddings: int = 131072,
+        rms_norm_eps: float = 1e-6,
+        rope_theta: float = 1000000.0,
+        rope_scaling: dict | None = None,
+        tie_word_embeddings: bool = False,
+        mask_token_id: int = 151666,
+        pad_token_id: int = 151643,
+        bos_token_id: int = 151643,
+        eos_token_id: int = 151643,
+        attention_dropout: float = 0.0,
+        **kwargs,
+    ) -> None:
+        self.vocab_size, self.hidden_size, self.intermediate_size = vocab_size, hidden_size, intermediate_size
+        self.num_hidden_layers, self.num_attention_heads = num_hidden_layers, num_attention_heads
+        self.num_key_value_heads = num_key_value_heads if num_key_value_heads is not None else num_attention_heads
+        self.hidden_act, self.max_position_embeddings = hidden_act, max_position_embeddings
+        self.rms_norm_eps, self.rope_theta = rms_norm_eps, rope_theta
+        if rope_scaling is not None:
+            kwargs["rope_scaling"] = rope_scaling
+        self.mask_token_id, self.attention_dropout = mask_token_id, attention_dropout
+        super().__init__(
+            pad_token_id=pad_token_id, bos_token_id=bos_token_id, eos_token_id=eos_token_id,
+            tie_word_embeddings=tie_word_embeddings, **kwargs,
+        )
+
+    def check_supported(self) -> None:
+        wrong = []
+        if self.hidden_act != "silu":
+            wrong.append(f"hidden_act={self.hidden_act!r} (supported: 'silu')")
+        scaling = getattr(self, "rope_scaling", None) or getattr(self, "rope_parameters", None) or {}
+        if scaling.get("rope_type", scaling.get("type", "default")) != "default":
+            wrong.append(f"rope_scaling={scaling!r} (supported: null / default rope)")
+        if wrong:
+            raise ValueError("unsupported Dream config options: " + ", ".join(wrong))
+
+
+class DreamAttention(nn.Module):
+    def __init__(self, cfg: DreamConfig) -> None:
+        super().__init__()
+        d, h, hk = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads
+        hd = d // h
+        self.q_proj = nn.Linear(d, h * hd, bias=True)
+        self.k_proj = nn.Linear(d, hk * hd, bias=True)
+        self.v_proj = nn.Linear(d, hk * hd, bias=True)
+        self.o_proj = nn.Linear(h * hd, d, bias=False)
+        self.shape = (h, hk, hd)
+
+
+class DreamMLP(nn.Module):
+    def __init__(self, cfg: DreamConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DreamLayer(nn.Module):
+    def __init__(self, cfg: DreamConfig) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = DreamAttention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = DreamMLP(cfg)
+
+    def forward(self, h, cos, sin, layer, store, slots, key_mask, key_index):  # h [B, Q, d]
+        a = self.self_attn
+        proj = (a.q_proj, a.k_proj, a.v_proj, a.o_proj)
+        h = h + self_attention(
+            self.input_layernorm(h), proj, a.shape, (cos, sin, False), layer, store, slots, key_mask, key_index
+        )
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class DreamBaseModel(nn.Module):
+    def __init__(self, cfg: DreamConfig) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DreamLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+class DreamModel(DiffusionLMMixin, PreTrainedModel):
+    """Dream with the official parameter names; ``forward`` returns the official unshifted logits."""
+
+    config_class = DreamConfig
+    base_model_prefix = "model"
+    _no_split_modules = ["DreamLayer"]
+    logit_shift = 1
+
+    def __init__(self, config: DreamConfig) -> None:
+        super().__init__(config)
+        config.check_supported()
+        self.model = DreamBaseModel(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.post_init()
+
+    def _init_weights(self, module: nn.Module) -> None:
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, std=0.02)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, std=0.02)
+        elif isinstance(module, RMSNorm):
+            nn.init.ones_(module.weight)
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.model.embed_tokens
+
+    def get_output_embeddings(self) -> nn.Linear:
+        return self.lm_head
+
+    @property
+    def max_sequence_length(self) -> int:
+        return int(self.config.max_position_embeddings)
+
+    def kv_shape(self) -> tuple[int, int, int]:
+        c = self.config
+        return c.num_hidden_layers, c.num_key_value_heads, c.hidden_size // c.num_attention_heads
+
+    def hidden_states(self, input_ids, positions, *, store=None, slots=None, key_mask=None, key_index=None):
+        c = self.config
+        cos, sin = rope_cos_sin(positions, c.hidden_size // c.num_attention_heads, c.rope_theta)
+        h = self.model.embed_tokens(input_ids)
+        for i, layer in enumerate(self.model.layers):
+            h = layer(h, cos, sin, i, store, slots, key_mask, key_index)
+        return self.model.norm(h)
+
+    def output_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | str | None = None,
+        position_ids: torch.Tensor | None = None,
+        **_: object,
+    ) -> MaskedLMOutput:
+        """Official semantics: ``attention_mask`` None/"full", a [B, T] key mask, or the [B, 1, T, T] pairwise mask."""
+        b, t = input_ids.shape
+        if position_ids is None:
+            position_ids = torch.arange(t, device=input_ids.device).expand(b, t)
+        key_mask = None
+        if isinstance(attention_mask, torch.Tensor):
+            m = attention_mask.bool()
+            # the pairwise mask m_i & m_j only differs from the key mask on padded query rows, whose outputs
+            # the official code never reads; the key mask (a padded row sees the valid keys) keeps them finite
+            key_mask = m[:, 0].any(-2) if m.dim() == 4 else m
+        hid = self.hidden_states(input_ids, position_ids, key_mask=key_mask)
+        return MaskedLMOutput(logits=self.lm_head(hid))

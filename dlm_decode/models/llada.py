@@ -1,0 +1,193 @@
+"""Native LLaDA (GSAI-ML/LLaDA-8B-Base / -Instruct / LLaDA-1.5) that loads the official checkpoints.
+
+Config keys and parameter names are those of the published ``config.json`` / safetensors (``model.transformer.*``),
+so ``AutoModel.from_pretrained`` on an official directory returns this class without remote code once
+``dlm_decode`` is imported. ``forward`` reproduces the official ``LLaDAModelLM.forward`` (the hub file with the
+key-padding bias, absolute positions 0..T-1). Decoding goes through ``denoise`` (``DiffusionLMMixin``), which takes
+explicit positions, a subset of query slots and an external K/V store.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from transformers import PretrainedConfig, PreTrainedModel
+from transformers.modeling_outputs import MaskedLMOutput
+
+from dlm_decode.models.common import DiffusionLMMixin, RMSNorm, rope_cos_sin, self_attention
+
+
+class LLaDAConfig(PretrainedConfig):
+    model_type = "llada"
+
+    def __init__(
+        self,
+        d_model: int = 4096,
+        n_layers: int = 32,
+        n_heads: int = 32,
+        n_kv_heads: int | None = None,
+        mlp_hidden_size: int | None = 12288,
+        mlp_ratio: int = 4,
+        vocab_size: int = 126464,
+        embedding_size: int | None = 126464,
+        max_sequence_length: int = 4096,
+        rope: bool = True,
+        rope_theta: float = 500000.0,
+        rope_full_precision: bool = True,
+        block_type: str = "llama",
+        layer_norm_type: str = "rms",
+        rms_norm_eps: float = 1e-5,
+        layer_norm_with_affine: bool = True,
+        bias_for_layer_norm: bool = False,
+        include_bias: bool = False,
+        include_qkv_bias: bool = False,
+        activation_type: str = "silu",
+        weight_tying: bool = False,
+        scale_logits: bool = False,
+        input_emb_norm: bool = False,
+        attention_layer_norm: bool = False,
+        alibi: bool = False,
+        flash_attention: bool = False,
+        mask_token_id: int = 126336,
+        eos_token_id: int = 126081,
+        pad_token_id: int = 126081,
+        **kwargs,
+    ) -> None:
+        self.d_model, self.n_layers, self.n_heads = d_model, n_layers, n_heads
+        self.n_kv_heads = n_kv_heads if n_kv_heads is not None else n_heads
+        self.mlp_hidden_size, self.mlp_ratio = mlp_hidden_size, mlp_ratio
+        self.vocab_size, self.embedding_size = vocab_size, embedding_size
+        self.max_sequence_length = max_sequence_length
+        self.rope, self.rope_theta, self.rope_full_precision = rope, rope_theta, rope_full_precision
+        self.block_type, self.layer_norm_type, self.rms_norm_eps = block_type, layer_norm_type, rms_norm_eps
+        self.layer_norm_with_affine, self.bias_for_layer_norm = layer_norm_with_affine, bias_for_layer_norm
+        self.include_bias, self.include_qkv_bias = include_bias, include_qkv_bias
+        self.activation_type, self.weight_tying, self.scale_logits = activation_type, weight_tying, scale_logits
+        self.input_emb_norm, self.attention_layer_norm = input_emb_norm, attention_layer_norm
+        self.alibi, self.flash_attention = alibi, flash_attention
+        self.mask_token_id = mask_token_id
+        super().__init__(eos_token_id=eos_token_id, pad_token_id=pad_token_id, **kwargs)
+
+    def check_supported(self) -> None:
+        """Raise ValueError for the published options this implementation does not cover."""
+        bad = {
+            "block_type": (self.block_type, "llama"), "layer_norm_type": (self.layer_norm_type, "rms"),
+            "activation_type": (self.activation_type, "silu"), "rope": (self.rope, True),
+            "alibi": (self.alibi, False), "include_bias": (self.include_bias, False),
+            "scale_logits": (self.scale_logits, False), "input_emb_norm": (self.input_emb_norm, False),
+            "attention_layer_norm": (self.attention_layer_norm, False),
+            "bias_for_layer_norm": (self.bias_for_layer_norm, False),
+        }
+        wrong = [f"{k}={v!r} (supported: {ok!r})" for k, (v, ok) in bad.items() if v != ok]
+        if wrong:
+            raise ValueError("unsupported LLaDA config options: " + ", ".join(wrong))
+
+
+class LLaDABlock(nn.Module):
+    """LLaDA's ``LLaDALlamaBlock``: parameter names as in the checkpoint (q_proj, attn_out, ff_proj, up_proj, ff_out)."""
+
+    def __init__(self, cfg: LLaDAConfig) -> None:
+        super().__init__()
+        d, hd = cfg.d_model, cfg.d_model // cfg.n_heads
+        mlp = cfg.mlp_hidden_size or cfg.mlp_ratio * d
+        qkv_bias = cfg.include_qkv_bias
+        self.attn_norm = RMSNorm(d, cfg.rms_norm_eps)
+        self.ff_norm = RMSNorm(d, cfg.rms_norm_eps)
+        self.q_proj = nn.Linear(d, d, bias=qkv_bias)
+        self.k_proj = nn.Linear(d, cfg.n_kv_heads * hd, bias=qkv_bias)
+        self.v_proj = nn.Linear(d, cfg.n_kv_heads * hd, bias=qkv_bias)
+        self.attn_out = nn.Linear(d, d, bias=False)
+        self.ff_proj = nn.Linear(d, mlp, bias=False)
+        self.up_proj = nn.Linear(d, mlp, bias=False)
+        self.ff_out = nn.Linear(mlp, d, bias=False)
+        self.shape = (cfg.n_heads, cfg.n_kv_heads, hd)
+        self.rope_fp32 = cfg.rope_full_precision
+
+    def forward(self, h, cos, sin, layer, store, slots, key_mask, key_index):  # h [B, Q, d]
+        proj = (self.q_proj, self.k_proj, self.v_proj, self.attn_out)
+        a = self_attention(
+            self.attn_norm(h), proj, self.shape, (cos, sin, self.rope_fp32), layer, store, slots, key_mask, key_index
+        )
+        h = h + a
+        m = self.ff_norm(h)
+        return h + self.ff_out(nn.functional.silu(self.ff_proj(m)) * self.up_proj(m))
+
+
+class LLaDAModel(nn.Module):
+    def __init__(self, cfg: LLaDAConfig) -> None:
+        super().__init__()
+        emb = cfg.embedding_size or cfg.vocab_size
+        modules = {
+            "wte": nn.Embedding(emb, cfg.d_model),
+            "blocks": nn.ModuleList(LLaDABlock(cfg) for _ in range(cfg.n_layers)),
+            "ln_f": RMSNorm(cfg.d_model, cfg.rms_norm_eps),
+        }
+        if not cfg.weight_tying:
+            modules["ff_out"] = nn.Linear(cfg.d_model, emb, bias=False)
+        self.transformer = nn.ModuleDict(modules)
+
+
+class LLaDAModelLM(DiffusionLMMixin, PreTrainedModel):
+    """LLaDA with the official parameter names; ``forward`` returns the official (unshifted) logits."""
+
+    config_class = LLaDAConfig
+    base_model_prefix = "model"
+    _no_split_modules = ["LLaDABlock"]
+    logit_shift = 0
+
+    def __init__(self, config: LLaDAConfig) -> None:
+        super().__init__(config)
+        config.check_supported()
+        self.model = LLaDAModel(config)
+        self.post_init()
+
+    def _init_weights(self, module: nn.Module) -> None:
+        std = 0.02
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, std=std)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, std=std)
+        elif isinstance(module, RMSNorm):
+            nn.init.ones_(module.weight)
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.model.transformer.wte
+
+    @property
+    def max_sequence_length(self) -> int:
+        return int(self.config.max_sequence_length)
+
+    def kv_shape(self) -> tuple[int, int, int]:
+        c = self.config
+        return c.n_layers, c.n_kv_heads, c.d_model // c.n_heads
+
+    def hidden_states(self, input_ids, positions, *, store=None, slots=None, key_mask=None, key_index=None):
+        t = self.model.transformer
+        cos, sin = rope_cos_sin(positions, self.config.d_model // self.config.n_heads, self.config.rope_theta)
+        h = t.wte(input_ids)
+        for i, block in enumerate(t.blocks):
+            h = block(h, cos, sin, i, store, slots, key_mask, key_index)
+        return t.ln_f(h)
+
+    def output_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        t = self.model.transformer
+        if self.config.weight_tying:
+            return nn.functional.linear(hidden, t.wte.weight)
+        return t.ff_out(hidden)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        **_: object,
+    ) -> MaskedLMOutput:
+        b, t = input_ids.shape
+        if position_ids is None:
+            position_ids = torch.arange(t, device=input_ids.device).expand(b, t)
+        key_mask = None if attention_mask is None else attention_mask.bool()
+        hid = self.hidden_states(input_ids, position_ids, key_mask=key_mask)
+        return MaskedLMOutput(logits=self.output_logits(hid))
+
