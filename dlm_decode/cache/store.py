@@ -14,13 +14,22 @@ class KVStore:
     """K and V of every layer for a [B, T] canvas: two [L, B, Hk, T, hd] tensors."""
 
     def __init__(
-        self, n_layers: int, batch: int, n_kv_heads: int, length: int, head_dim: int,
-        *, dtype: torch.dtype, device: torch.device | str,
+        self,
+        n_layers: int,
+        batch: int,
+        n_kv_heads: int,
+        length: int,
+        head_dim: int,
+        *,
+        dtype: torch.dtype,
+        device: torch.device | str,
     ) -> None:
         shape = (n_layers, batch, n_kv_heads, length, head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
-        self.frozen = False  # when True, writes are dropped (the step attends to fresh K/V but keeps the cache)
+        self.frozen = (
+            False  # when True, writes are dropped (the step attends to fresh K/V but keeps the cache)
+        )
         self._fresh: dict[int, tuple[torch.Tensor, torch.Tensor, slice | torch.Tensor]] = {}
 
     @property

@@ -14,6 +14,12 @@ for _cfg, _model in ((LLaDAConfig, LLaDAModelLM), (DreamConfig, DreamModel)):
 SUPPORTED_MODEL_TYPES = (LLaDAConfig.model_type, DreamConfig.model_type)
 
 __all__ = [
-    "DEMO_MODELS", "SUPPORTED_MODEL_TYPES", "DreamConfig", "DreamModel", "LLaDAConfig", "LLaDAModelLM",
-    "load_model", "resolve_model_path",
+    "DEMO_MODELS",
+    "SUPPORTED_MODEL_TYPES",
+    "DreamConfig",
+    "DreamModel",
+    "LLaDAConfig",
+    "LLaDAModelLM",
+    "load_model",
+    "resolve_model_path",
 ]

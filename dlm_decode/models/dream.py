@@ -43,15 +43,20 @@ class DreamConfig(PretrainedConfig):
     ) -> None:
         self.vocab_size, self.hidden_size, self.intermediate_size = vocab_size, hidden_size, intermediate_size
         self.num_hidden_layers, self.num_attention_heads = num_hidden_layers, num_attention_heads
-        self.num_key_value_heads = num_key_value_heads if num_key_value_heads is not None else num_attention_heads
+        self.num_key_value_heads = (
+            num_key_value_heads if num_key_value_heads is not None else num_attention_heads
+        )
         self.hidden_act, self.max_position_embeddings = hidden_act, max_position_embeddings
         self.rms_norm_eps, self.rope_theta = rms_norm_eps, rope_theta
         if rope_scaling is not None:
             kwargs["rope_scaling"] = rope_scaling
         self.mask_token_id, self.attention_dropout = mask_token_id, attention_dropout
         super().__init__(
-            pad_token_id=pad_token_id, bos_token_id=bos_token_id, eos_token_id=eos_token_id,
-            tie_word_embeddings=tie_word_embeddings, **kwargs,
+            pad_token_id=pad_token_id,
+            bos_token_id=bos_token_id,
+            eos_token_id=eos_token_id,
+            tie_word_embeddings=tie_word_embeddings,
+            **kwargs,
         )
 
     def check_supported(self) -> None:
@@ -100,7 +105,15 @@ class DreamLayer(nn.Module):
         a = self.self_attn
         proj = (a.q_proj, a.k_proj, a.v_proj, a.o_proj)
         h = h + self_attention(
-            self.input_layernorm(h), proj, a.shape, (cos, sin, False), layer, store, slots, key_mask, key_index
+            self.input_layernorm(h),
+            proj,
+            a.shape,
+            (cos, sin, False),
+            layer,
+            store,
+            slots,
+            key_mask,
+            key_index,
         )
         return h + self.mlp(self.post_attention_layernorm(h))
 

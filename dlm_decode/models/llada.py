@@ -62,7 +62,11 @@ class LLaDAConfig(PretrainedConfig):
         self.block_type, self.layer_norm_type, self.rms_norm_eps = block_type, layer_norm_type, rms_norm_eps
         self.layer_norm_with_affine, self.bias_for_layer_norm = layer_norm_with_affine, bias_for_layer_norm
         self.include_bias, self.include_qkv_bias = include_bias, include_qkv_bias
-        self.activation_type, self.weight_tying, self.scale_logits = activation_type, weight_tying, scale_logits
+        self.activation_type, self.weight_tying, self.scale_logits = (
+            activation_type,
+            weight_tying,
+            scale_logits,
+        )
         self.input_emb_norm, self.attention_layer_norm = input_emb_norm, attention_layer_norm
         self.alibi, self.flash_attention = alibi, flash_attention
         self.mask_token_id = mask_token_id
@@ -71,10 +75,14 @@ class LLaDAConfig(PretrainedConfig):
     def check_supported(self) -> None:
         """Raise ValueError for the published options this implementation does not cover."""
         bad = {
-            "block_type": (self.block_type, "llama"), "layer_norm_type": (self.layer_norm_type, "rms"),
-            "activation_type": (self.activation_type, "silu"), "rope": (self.rope, True),
-            "alibi": (self.alibi, False), "include_bias": (self.include_bias, False),
-            "scale_logits": (self.scale_logits, False), "input_emb_norm": (self.input_emb_norm, False),
+            "block_type": (self.block_type, "llama"),
+            "layer_norm_type": (self.layer_norm_type, "rms"),
+            "activation_type": (self.activation_type, "silu"),
+            "rope": (self.rope, True),
+            "alibi": (self.alibi, False),
+            "include_bias": (self.include_bias, False),
+            "scale_logits": (self.scale_logits, False),
+            "input_emb_norm": (self.input_emb_norm, False),
             "attention_layer_norm": (self.attention_layer_norm, False),
             "bias_for_layer_norm": (self.bias_for_layer_norm, False),
         }
@@ -106,7 +114,15 @@ class LLaDABlock(nn.Module):
     def forward(self, h, cos, sin, layer, store, slots, key_mask, key_index):  # h [B, Q, d]
         proj = (self.q_proj, self.k_proj, self.v_proj, self.attn_out)
         a = self_attention(
-            self.attn_norm(h), proj, self.shape, (cos, sin, self.rope_fp32), layer, store, slots, key_mask, key_index
+            self.attn_norm(h),
+            proj,
+            self.shape,
+            (cos, sin, self.rope_fp32),
+            layer,
+            store,
+            slots,
+            key_mask,
+            key_index,
         )
         h = h + a
         m = self.ff_norm(h)
@@ -190,4 +206,3 @@ class LLaDAModelLM(DiffusionLMMixin, PreTrainedModel):
         key_mask = None if attention_mask is None else attention_mask.bool()
         hid = self.hidden_states(input_ids, position_ids, key_mask=key_mask)
         return MaskedLMOutput(logits=self.output_logits(hid))
-

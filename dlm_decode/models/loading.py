@@ -22,7 +22,9 @@ def resolve_model_path(name_or_path: str | Path) -> Path:
     if str(name_or_path) in DEMO_MODELS and not p.exists():
         p = DEMO_DIR / str(name_or_path)
         if not p.is_dir():
-            raise FileNotFoundError(f"demo model {name_or_path!r} is not shipped in this install (looked in {p})")
+            raise FileNotFoundError(
+                f"demo model {name_or_path!r} is not shipped in this install (looked in {p})"
+            )
     if not p.is_dir():
         raise FileNotFoundError(
             f"model {str(name_or_path)!r} is neither a checkpoint directory nor a shipped demo model "
@@ -50,7 +52,10 @@ def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
 
 
 def load_model(
-    name_or_path: str | Path, *, dtype: str | torch.dtype = "float32", device: str | torch.device = "cpu",
+    name_or_path: str | Path,
+    *,
+    dtype: str | torch.dtype = "float32",
+    device: str | torch.device = "cpu",
     tokenizer: bool = True,
 ):
     """Load (model, tokenizer or None) from a checkpoint directory or a demo name; the model is in eval mode."""
@@ -62,7 +67,9 @@ def load_model(
     path = resolve_model_path(name_or_path)
     model_type = json.loads((path / "config.json").read_text()).get("model_type")
     if model_type not in SUPPORTED_MODEL_TYPES:
-        raise ValueError(f"{path}: config model_type {model_type!r} is not supported; supported: {SUPPORTED_MODEL_TYPES}")
+        raise ValueError(
+            f"{path}: config model_type {model_type!r} is not supported; supported: {SUPPORTED_MODEL_TYPES}"
+        )
     model = AutoModel.from_pretrained(path, dtype=parse_dtype(dtype), use_safetensors=True).to(device).eval()
     tok = None
     if tokenizer and any((path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):

@@ -1,0 +1,53 @@
+"""Decoding configuration shared by every sampler and cache (a frozen dataclass; change it with ``replace``)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """What the loop needs to know, independent of the sampler's own hyperparameters.
+
+    gen_length: generation slots after the prompt (L).
+    block_length: semi-autoregressive block size; None picks the sampler's default (32, or L for the Dream
+        orderings, which have no blocks in their reference).
+    steps: total step budget over all blocks for fixed-budget samplers (LLaDA / Dream schedules); None = L.
+        Threshold-style samplers ignore it (their bound is one token per step).
+    temperature, top_p, top_k: token sampling; temperature 0 is greedy and ignores the seed.
+    seed: seeds the ``torch.Generator`` for every random draw of the call.
+    stop_at_eos: once a row has committed EOS with everything before it decoded, fill the rest with EOS.
+    cfg_scale: classifier-free guidance (LLaDA): ``un + (cfg + 1) * (cond - un)`` with the prompt masked in ``un``.
+    """
+
+    gen_length: int = 128
+    block_length: int | None = None
+    steps: int | None = None
+    temperature: float = 0.0
+    top_p: float | None = None
+    top_k: int | None = None
+    seed: int | None = None
+    stop_at_eos: bool = False
+    cfg_scale: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.gen_length, int) or self.gen_length < 1:
+            raise ValueError(f"gen_length must be a positive integer, got {self.gen_length!r}")
+        if self.block_length is not None and (
+            not isinstance(self.block_length, int) or self.block_length < 1
+        ):
+            raise ValueError(f"block_length must be a positive integer or None, got {self.block_length!r}")
+        if self.steps is not None and (not isinstance(self.steps, int) or self.steps < 1):
+            raise ValueError(f"steps must be a positive integer or None, got {self.steps!r}")
+        if (
+            not (isinstance(self.temperature, int | float) and math.isfinite(self.temperature))
+            or self.temperature < 0
+        ):
+            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
+        if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if self.top_k is not None and (not isinstance(self.top_k, int) or self.top_k < 1):
+            raise ValueError(f"top_k must be a positive integer, got {self.top_k!r}")
+        if not math.isfinite(self.cfg_scale) or self.cfg_scale < 0:
+            raise ValueError(f"cfg_scale must be >= 0, got {self.cfg_scale!r}")

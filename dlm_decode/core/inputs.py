@@ -1,0 +1,87 @@
+"""Turning prompts into a left-padded canvas, with every input check made before any model work."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+Prompt = str | Sequence[int] | Sequence[dict[str, str]]
+
+
+def encode_prompts(
+    prompts: Sequence[Prompt] | torch.Tensor, tokenizer: Any | None, chat: bool
+) -> list[list[int]]:
+    """Strings (tokenized; with ``chat`` wrapped as one user turn), chats (lists of role/content dicts, always
+    rendered with the chat template) or token-id lists -> token-id lists."""
+    if isinstance(prompts, torch.Tensor):
+        if prompts.dim() != 2:
+            raise ValueError(f"input_ids tensor must be [B, P], got shape {tuple(prompts.shape)}")
+        return [list(map(int, row)) for row in prompts.tolist()]
+    if isinstance(prompts, str | dict):
+        raise ValueError("prompts must be a list (one entry per row), not a single string or message")
+    out: list[list[int]] = []
+    for i, p in enumerate(prompts):
+        if isinstance(p, str) or (isinstance(p, Sequence) and p and isinstance(p[0], dict)):
+            if tokenizer is None:
+                raise ValueError(
+                    f"prompt {i} is text but no tokenizer was given; pass token ids or a tokenizer"
+                )
+            if isinstance(p, str) and not chat:
+                out.append(list(tokenizer(p)["input_ids"]))
+                continue
+            msgs = [{"role": "user", "content": p}] if isinstance(p, str) else list(p)
+            text = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+            out.append(list(tokenizer(text, add_special_tokens=False)["input_ids"]))
+        elif isinstance(p, torch.Tensor):
+            out.append([int(t) for t in p.reshape(-1).tolist()])
+        elif isinstance(p, Sequence):
+            if not all(isinstance(t, int) and not isinstance(t, bool) for t in p):
+                raise ValueError(f"prompt {i}: token ids must be integers, got {list(p)[:8]!r}")
+            out.append(list(p))
+        else:
+            raise ValueError(
+                f"prompt {i}: expected text, a chat (list of messages) or token ids, got {type(p).__name__}"
+            )
+    return out
+
+
+def build_canvas(
+    rows: list[list[int]],
+    *,
+    gen_length: int,
+    mask_id: int,
+    pad_id: int,
+    vocab_size: int,
+    max_length: int,
+    device: torch.device | str,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+    """Left-pad prompts and append ``gen_length`` MASK slots -> canvas, valid, positions [B, T], and P."""
+    if len(rows) == 0:
+        raise ValueError("empty batch: give at least one prompt")
+    for i, r in enumerate(rows):
+        if len(r) == 0:
+            raise ValueError(f"prompt {i} is empty; every row needs at least one prompt token")
+        if mask_id in r:
+            raise ValueError(
+                f"prompt {i} contains the MASK id {mask_id} at position {r.index(mask_id)}; prompts must be clean"
+            )
+        bad = [t for t in r if not 0 <= t < vocab_size]
+        if bad:
+            raise ValueError(f"prompt {i} has token ids outside the vocabulary [0, {vocab_size}): {bad[:5]}")
+        if len(r) + gen_length > max_length:
+            raise ValueError(
+                f"prompt {i} has {len(r)} tokens; with gen_length {gen_length} that is {len(r) + gen_length} "
+                f"> the model's maximum sequence length {max_length}"
+            )
+    p = max(len(r) for r in rows)
+    b, t = len(rows), p + gen_length
+    canvas = torch.full((b, t), mask_id, dtype=torch.long)
+    valid = torch.ones((b, t), dtype=torch.bool)
+    for i, r in enumerate(rows):
+        canvas[i, : p - len(r)] = pad_id
+        canvas[i, p - len(r) : p] = torch.tensor(r, dtype=torch.long)
+        valid[i, : p - len(r)] = False
+    positions = (valid.long().cumsum(1) - 1).clamp(min=0)
+    return canvas.to(device), valid.to(device), positions.to(device), p

@@ -1,0 +1,102 @@
+"""Building frozen-dataclass components (samplers, caches) from names and ``KEY=VALUE`` options, failing loudly."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import types
+import typing
+from typing import Any
+
+
+def resolve(registry: dict[str, str], name: str, kind: str) -> type:
+    """Import the class registered as ``name`` ("module:Class"); unknown names list the valid ones."""
+    if not isinstance(name, str) or name not in registry:
+        raise ValueError(f"unknown {kind} {name!r}; valid {kind}s: {', '.join(sorted(registry))}")
+    module, cls = registry[name].split(":")
+    return getattr(importlib.import_module(module), cls)
+
+
+def _coerce(value: Any, tp: Any, key: str, owner: str) -> Any:
+    """Convert CLI strings to the field's annotated type; reject wrong types with the expected one."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None or (isinstance(value, str) and value.lower() in ("none", "null")):
+            if type(None) in args:
+                return None
+        errors = []
+        for a in args:
+            if a is type(None):
+                continue
+            try:
+                return _coerce(value, a, key, owner)
+            except ValueError as e:
+                errors.append(str(e))
+        raise ValueError(errors[0] if errors else f"{owner}: bad value for {key}: {value!r}")
+    if origin in (tuple, list):
+        inner = typing.get_args(tp)
+        items = value.split(",") if isinstance(value, str) else list(value)
+        elem = inner[0] if inner else str
+        return tuple(_coerce(v, elem, key, owner) for v in items if v != "")
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "1", "yes", "false", "0", "no"):
+            return value.lower() in ("true", "1", "yes")
+        raise ValueError(f"{owner}: option {key} expects true/false, got {value!r}")
+    if tp is int:
+        if isinstance(value, bool):
+            raise ValueError(f"{owner}: option {key} expects an integer, got {value!r}")
+        try:
+            if isinstance(value, float) and not value.is_integer():
+                raise ValueError
+            return int(value) if not isinstance(value, str) else int(value.strip())
+        except (TypeError, ValueError):
+            raise ValueError(f"{owner}: option {key} expects an integer, got {value!r}") from None
+    if tp is float:
+        if isinstance(value, bool):
+            raise ValueError(f"{owner}: option {key} expects a number, got {value!r}")
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"{owner}: option {key} expects a number, got {value!r}") from None
+    if tp is str:
+        if not isinstance(value, str):
+            raise ValueError(f"{owner}: option {key} expects a string, got {value!r}")
+        return value
+    return value
+
+
+def build(cls: type, options: dict[str, Any] | None, kind: str) -> Any:
+    """Instantiate dataclass ``cls`` from ``options``; unknown keys and bad values raise ValueError."""
+    options = dict(options or {})
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    unknown = sorted(set(options) - set(fields))
+    name = getattr(cls, "name", cls.__name__)
+    if unknown:
+        valid = ", ".join(sorted(fields)) or "(none)"
+        raise ValueError(f"{kind} {name!r} has no option(s) {', '.join(unknown)}; valid options: {valid}")
+    hints = typing.get_type_hints(cls)
+    kwargs = {k: _coerce(v, hints[k], k, f"{kind} {name!r}") for k, v in options.items()}
+    return cls(**kwargs)
+
+
+def parse_kv(pairs: list[str] | None) -> dict[str, str]:
+    """["a=1", "b=x"] -> {"a": "1", "b": "x"}; a pair without '=' is an error."""
+    out: dict[str, str] = {}
+    for p in pairs or []:
+        if "=" not in p:
+            raise ValueError(f"option {p!r} is not KEY=VALUE")
+        k, v = p.split("=", 1)
+        out[k.strip()] = v.strip()
+    return out
+
+
+def describe(obj: Any) -> dict[str, Any]:
+    """A JSON-ready description: name plus every field."""
+    d = {"name": getattr(obj, "name", type(obj).__name__)}
+    for f in dataclasses.fields(obj):
+        v = getattr(obj, f.name)
+        d[f.name] = list(v) if isinstance(v, tuple) else v
+    return d

@@ -1,0 +1,128 @@
+"""The sampler interface and registry.
+
+A sampler decides; the loop loops. A sampler is a frozen dataclass whose fields are its hyperparameters. Per call
+it may keep tensors in ``state.scratch[name]`` (schedules, counters); it never runs the model.
+
+Per step the loop hands the sampler aligned logits for a region of slots ``[r0, r1)`` (by default the current
+block) and the sampler returns which slots to commit and with which tokens. The loop then enforces the contract
+(only masked slots of the row's current block, never MASK, only unfinished rows) and checks the step bound.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+
+from dlm_decode.core.config import DecodeConfig
+from dlm_decode.core.proposals import gumbel_proposals
+from dlm_decode.core.state import DecodeState
+from dlm_decode.options import build, resolve
+
+# name -> "module:Class"; resolved lazily so a bad name is reported with every valid one
+SAMPLERS: dict[str, str] = {
+    "low_confidence": "dlm_decode.samplers.low_confidence:LowConfidence",
+    "random": "dlm_decode.samplers.random_remask:RandomRemask",
+    "origin": "dlm_decode.samplers.dream_origin:DreamOrigin",
+    "maskgit_plus": "dlm_decode.samplers.dream_maskgit_plus:DreamMaskGitPlus",
+    "topk_margin": "dlm_decode.samplers.dream_topk_margin:DreamTopkMargin",
+    "entropy": "dlm_decode.samplers.dream_entropy:DreamEntropy",
+}
+
+
+@dataclass(frozen=True)
+class Selection:
+    commit: torch.Tensor  # [B, R] bool: slots of the region to commit now
+    tokens: torch.Tensor  # [B, R] long: the token for each committed slot
+    stop_rows: torch.Tensor | None = (
+        None  # [B] bool: rows whose decoding ends after this step (all-in commit)
+    )
+    cut_at: torch.Tensor | None = (
+        None  # [B] long: absolute slot from which the row's canvas is cut (EoTP), -1 none
+    )
+
+
+@dataclass(frozen=True)
+class Sampler:
+    """Base class. Subclasses set ``name`` and implement ``select``."""
+
+    name: ClassVar[str] = "base"
+    blockwise: ClassVar[bool] = True  # default block 32 (False: one block over the whole generation)
+    fixed_budget: ClassVar[bool] = False  # uses DecodeConfig.steps (fixed number of forwards per block)
+    commits_every_step: ClassVar[bool] = True  # the reference guarantees >= 1 commit per step
+
+    def check(self, config: DecodeConfig, num_blocks: int) -> None:
+        """Validate the sampler against the decoding config (before any work)."""
+        if self.fixed_budget:
+            steps = config.steps if config.steps is not None else config.gen_length
+            if steps % num_blocks:
+                raise ValueError(
+                    f"{self.name}: steps ({steps}) must be a multiple of the number of blocks ({num_blocks} = "
+                    f"gen_length {config.gen_length} / block_length)"
+                )
+            if steps > config.gen_length:
+                raise ValueError(f"{self.name}: steps ({steps}) must be <= gen_length ({config.gen_length})")
+
+    def steps_per_block(self, state: DecodeState) -> int:
+        steps = state.config.steps if state.config.steps is not None else state.config.gen_length
+        return max(1, steps // state.num_blocks)
+
+    def max_block_steps(self, state: DecodeState) -> int:
+        """Upper bound on forwards in one block; the loop force-finishes a block that reaches it."""
+        if self.fixed_budget:
+            return self.steps_per_block(state)
+        return int((state.block_end - state.block_start).max())
+
+    def begin_block(self, state: DecodeState) -> None:
+        """Called once at each block start, before the block's first forward."""
+
+    def region(self, state: DecodeState) -> tuple[int, int]:
+        return state.region()
+
+    def select(self, state: DecodeState, logits: torch.Tensor, r0: int) -> Selection:
+        raise NotImplementedError
+
+    # helpers shared by the LLaDA-family samplers
+    def proposals(self, state: DecodeState, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        c = state.config
+        return gumbel_proposals(
+            logits,
+            mask_id=state.mask_id,
+            temperature=c.temperature,
+            top_p=c.top_p,
+            top_k=c.top_k,
+            generator=state.generator,
+        )
+
+
+def candidates(state: DecodeState, r0: int, r1: int) -> torch.Tensor:
+    """[B, R] bool: masked slots of the current block of unfinished rows, restricted to the region."""
+    return state.block_masked()[:, r0:r1]
+
+
+def top_k_per_row(score: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """[B, R] scores, [B] counts -> [B, R] bool of each row's k highest scores (torch.topk order on ties)."""
+    kmax = int(k.max()) if k.numel() else 0
+    out = torch.zeros_like(score, dtype=torch.bool)
+    if kmax == 0:
+        return out
+    idx = torch.topk(score, kmax, dim=-1).indices  # [B, kmax]
+    keep = torch.arange(kmax, device=score.device)[None, :] < k[:, None]
+    return out.scatter(1, idx, keep)  # rows keep only their first k picks
+
+
+def get_sampler(name: str | Sampler, options: dict[str, Any] | None = None) -> Sampler:
+    """A sampler by registered name with options (strings are converted), or an instance passed through."""
+    if isinstance(name, Sampler):
+        if options:
+            raise ValueError(
+                "options given together with a sampler instance; use dataclasses.replace instead"
+            )
+        return name
+    return build(resolve(SAMPLERS, name, "sampler"), options, "sampler")
+
+
+def register_sampler(name: str, target: str) -> None:
+    """Register ``"module:Class"`` under ``name`` (for plugins)."""
+    SAMPLERS[name] = target
