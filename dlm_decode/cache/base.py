@@ -24,9 +24,7 @@ CACHES: dict[str, str] = {
 @dataclass(frozen=True)
 class StepPlan:
     compute: slice | torch.Tensor  # a slice of slots shared by all rows, or [B, Q] sorted slot ids
-    key_mask: (
-        torch.Tensor | None
-    )  # [B, T] (or [B, W] with key_index) bool, True = visible; None = all visible
+    key_mask: torch.Tensor | None  # [B, T] (or [B, W] with key_index) bool, True = visible; None = all visible
     key_index: torch.Tensor | None = None  # [B, W] slots whose K/V the queries attend to (pruning)
     write: bool = True  # False: attend to the fresh K/V of the computed slots without storing them
     refresh: bool = False  # True when this step recomputes every slot (statistics)

@@ -27,9 +27,7 @@ class KVStore:
         shape = (n_layers, batch, n_kv_heads, length, head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
-        self.frozen = (
-            False  # when True, writes are dropped (the step attends to fresh K/V but keeps the cache)
-        )
+        self.frozen = False  # when True, writes are dropped (the step attends to fresh K/V but keeps the cache)
         self._fresh: dict[int, tuple[torch.Tensor, torch.Tensor, slice | torch.Tensor]] = {}
 
     @property

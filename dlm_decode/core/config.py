@@ -34,16 +34,11 @@ class DecodeConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.gen_length, int) or self.gen_length < 1:
             raise ValueError(f"gen_length must be a positive integer, got {self.gen_length!r}")
-        if self.block_length is not None and (
-            not isinstance(self.block_length, int) or self.block_length < 1
-        ):
+        if self.block_length is not None and (not isinstance(self.block_length, int) or self.block_length < 1):
             raise ValueError(f"block_length must be a positive integer or None, got {self.block_length!r}")
         if self.steps is not None and (not isinstance(self.steps, int) or self.steps < 1):
             raise ValueError(f"steps must be a positive integer or None, got {self.steps!r}")
-        if (
-            not (isinstance(self.temperature, int | float) and math.isfinite(self.temperature))
-            or self.temperature < 0
-        ):
+        if not (isinstance(self.temperature, int | float) and math.isfinite(self.temperature)) or self.temperature < 0:
             raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
         if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")

@@ -10,9 +10,7 @@ import torch
 Prompt = str | Sequence[int] | Sequence[dict[str, str]]
 
 
-def encode_prompts(
-    prompts: Sequence[Prompt] | torch.Tensor, tokenizer: Any | None, chat: bool
-) -> list[list[int]]:
+def encode_prompts(prompts: Sequence[Prompt] | torch.Tensor, tokenizer: Any | None, chat: bool) -> list[list[int]]:
     """Strings (tokenized; with ``chat`` wrapped as one user turn), chats (lists of role/content dicts, always
     rendered with the chat template) or token-id lists -> token-id lists."""
     if isinstance(prompts, torch.Tensor):
@@ -25,9 +23,7 @@ def encode_prompts(
     for i, p in enumerate(prompts):
         if isinstance(p, str) or (isinstance(p, Sequence) and p and isinstance(p[0], dict)):
             if tokenizer is None:
-                raise ValueError(
-                    f"prompt {i} is text but no tokenizer was given; pass token ids or a tokenizer"
-                )
+                raise ValueError(f"prompt {i} is text but no tokenizer was given; pass token ids or a tokenizer")
             if isinstance(p, str) and not chat:
                 out.append(list(tokenizer(p)["input_ids"]))
                 continue

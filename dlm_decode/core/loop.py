@@ -150,11 +150,7 @@ def generate(
     b, t = canvas.shape
     gen = torch.Generator(device=device)
     gen.manual_seed(cfg.seed if cfg.seed is not None else 0)
-    fill = (
-        int(model.config.eos_token_id if isinstance(model.config.eos_token_id, int) else eos[0])
-        if eos
-        else pad_id
-    )
+    fill = int(model.config.eos_token_id if isinstance(model.config.eos_token_id, int) else eos[0]) if eos else pad_id
     state = DecodeState(
         canvas=canvas,
         positions=positions,
@@ -243,9 +239,7 @@ def _forward(model: Any, state: DecodeState, plan: StepPlan, region: tuple[int, 
     if store is not None:
         store.frozen = not plan.write
     try:
-        logits = model.denoise(
-            canvas, pos, compute=compute, region=region, store=store, key_mask=km, key_index=ki
-        )
+        logits = model.denoise(canvas, pos, compute=compute, region=region, store=store, key_mask=km, key_index=ki)
     finally:
         if store is not None:
             store.end_step()
@@ -268,9 +262,7 @@ def _fail_nonfinite(state: DecodeState, logits: torch.Tensor, cand: torch.Tensor
     bad_pos = ~torch.isfinite(logits).all(-1) & cand  # [B, R]
     for i in bad_pos.any(1).nonzero().flatten().tolist():
         if state.failed[i] is None:
-            state.failed[i] = (
-                f"non-finite logits at step {state.step} (block {state.block_index}); row stopped"
-            )
+            state.failed[i] = f"non-finite logits at step {state.step} (block {state.block_index}); row stopped"
         state.finished[i] = True
 
 

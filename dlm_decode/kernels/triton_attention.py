@@ -89,9 +89,7 @@ def _masked_attention_fwd(
     d_ok = offs_d < HEAD_DIM
     io_mask = row_ok[:, None] & d_ok[None, :]
 
-    q_ptrs = (
-        Q + b * stride_qb + head[:, None] * stride_qh + qi[:, None] * stride_qm + offs_d[None, :] * stride_qd
-    )
+    q_ptrs = Q + b * stride_qb + head[:, None] * stride_qh + qi[:, None] * stride_qm + offs_d[None, :] * stride_qd
     q = tl.load(q_ptrs, mask=io_mask, other=0.0)  # [M, D]
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
@@ -125,13 +123,7 @@ def _masked_attention_fwd(
         m_i = m_new
 
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]  # l == 0: no visible key -> zeros
-    o_ptrs = (
-        Out
-        + b * stride_ob
-        + head[:, None] * stride_oh
-        + qi[:, None] * stride_om
-        + offs_d[None, :] * stride_od
-    )
+    o_ptrs = Out + b * stride_ob + head[:, None] * stride_oh + qi[:, None] * stride_om + offs_d[None, :] * stride_od
     tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=io_mask)
 
 
@@ -144,9 +136,7 @@ def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
 def _validate(q, k, v, key_mask, key_index) -> int:
     """Raise ValueError on inputs the kernel can't take; return the number of attended keys (S or W)."""
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
-        raise ValueError(
-            f"q, k, v must be 4-D [B, H, Q, D] / [B, Hk, S, D], got {q.shape}, {k.shape}, {v.shape}"
-        )
+        raise ValueError(f"q, k, v must be 4-D [B, H, Q, D] / [B, Hk, S, D], got {q.shape}, {k.shape}, {v.shape}")
     if k.shape != v.shape:
         raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
     bsz, h, _, d = q.shape
@@ -155,9 +145,7 @@ def _validate(q, k, v, key_mask, key_index) -> int:
     if h % k.shape[1] != 0:
         raise ValueError(f"query heads ({h}) must be a multiple of kv heads ({k.shape[1]})")
     if not (q.dtype == k.dtype == v.dtype) or q.dtype not in SUPPORTED_DTYPES:
-        raise ValueError(
-            f"q, k, v must share one dtype among {SUPPORTED_DTYPES}, got {q.dtype}, {k.dtype}, {v.dtype}"
-        )
+        raise ValueError(f"q, k, v must share one dtype among {SUPPORTED_DTYPES}, got {q.dtype}, {k.dtype}, {v.dtype}")
     if not 1 <= d <= MAX_HEAD_DIM:
         raise ValueError(f"head dim {d} not supported: the Triton kernel takes head dims 1..{MAX_HEAD_DIM}")
     if not (q.device == k.device == v.device):

@@ -42,9 +42,7 @@ class RMSNorm(nn.Module):
 
 def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
     """fp32 cos/sin tables for integer ``positions`` [B, Q] -> two [B, 1, Q, hd] tensors."""
-    inv_freq = 1.0 / (
-        theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=positions.device) / head_dim)
-    )
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=positions.device) / head_dim))
     freqs = positions.float()[..., None] * inv_freq  # [B, Q, hd/2]
     emb = torch.cat([freqs, freqs], dim=-1)[:, None]  # [B, 1, Q, hd]
     return emb.cos(), emb.sin()
@@ -172,16 +170,12 @@ class DiffusionLMMixin:
             src = torch.arange(r0, r1, device=canvas.device) - s  # hidden slot predicting each region slot
             src = src.clamp(min=0) - c0
             if (src < 0).any() or (src >= c1 - c0).any():
-                raise ValueError(
-                    f"region {region} needs hidden states outside the computed slots [{c0}, {c1})"
-                )
+                raise ValueError(f"region {region} needs hidden states outside the computed slots [{c0}, {c1})")
             return self.output_logits(hid[:, src])
         ids = canvas.gather(1, compute)
         pos = positions.gather(1, compute)
         hid = self.hidden_states(ids, pos, store=store, slots=compute, key_mask=key_mask, key_index=key_index)
         want = (torch.arange(r0, r1, device=canvas.device) - s).clamp(min=0)  # [R]
         # row-wise lookup of the computed row holding each wanted slot (compute is sorted per row)
-        row = torch.searchsorted(compute.contiguous(), want.expand(b, -1).contiguous()).clamp(
-            max=compute.shape[1] - 1
-        )
+        row = torch.searchsorted(compute.contiguous(), want.expand(b, -1).contiguous()).clamp(max=compute.shape[1] - 1)
         return self.output_logits(hid.gather(1, row[..., None].expand(-1, -1, hid.shape[-1])))

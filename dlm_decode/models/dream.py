@@ -43,9 +43,7 @@ class DreamConfig(PretrainedConfig):
     ) -> None:
         self.vocab_size, self.hidden_size, self.intermediate_size = vocab_size, hidden_size, intermediate_size
         self.num_hidden_layers, self.num_attention_heads = num_hidden_layers, num_attention_heads
-        self.num_key_value_heads = (
-            num_key_value_heads if num_key_value_heads is not None else num_attention_heads
-        )
+        self.num_key_value_heads = num_key_value_heads if num_key_value_heads is not None else num_attention_heads
         self.hidden_act, self.max_position_embeddings = hidden_act, max_position_embeddings
         self.rms_norm_eps, self.rope_theta = rms_norm_eps, rope_theta
         if rope_scaling is not None:

@@ -22,9 +22,7 @@ def resolve_model_path(name_or_path: str | Path) -> Path:
     if str(name_or_path) in DEMO_MODELS and not p.exists():
         p = DEMO_DIR / str(name_or_path)
         if not p.is_dir():
-            raise FileNotFoundError(
-                f"demo model {name_or_path!r} is not shipped in this install (looked in {p})"
-            )
+            raise FileNotFoundError(f"demo model {name_or_path!r} is not shipped in this install (looked in {p})")
     if not p.is_dir():
         raise FileNotFoundError(
             f"model {str(name_or_path)!r} is neither a checkpoint directory nor a shipped demo model "

@@ -35,12 +35,8 @@ SAMPLERS: dict[str, str] = {
 class Selection:
     commit: torch.Tensor  # [B, R] bool: slots of the region to commit now
     tokens: torch.Tensor  # [B, R] long: the token for each committed slot
-    stop_rows: torch.Tensor | None = (
-        None  # [B] bool: rows whose decoding ends after this step (all-in commit)
-    )
-    cut_at: torch.Tensor | None = (
-        None  # [B] long: absolute slot from which the row's canvas is cut (EoTP), -1 none
-    )
+    stop_rows: torch.Tensor | None = None  # [B] bool: rows whose decoding ends after this step (all-in commit)
+    cut_at: torch.Tensor | None = None  # [B] long: absolute slot from which the row's canvas is cut (EoTP), -1 none
 
 
 @dataclass(frozen=True)
@@ -116,9 +112,7 @@ def get_sampler(name: str | Sampler, options: dict[str, Any] | None = None) -> S
     """A sampler by registered name with options (strings are converted), or an instance passed through."""
     if isinstance(name, Sampler):
         if options:
-            raise ValueError(
-                "options given together with a sampler instance; use dataclasses.replace instead"
-            )
+            raise ValueError("options given together with a sampler instance; use dataclasses.replace instead")
         return name
     return build(resolve(SAMPLERS, name, "sampler"), options, "sampler")
 
