@@ -1,0 +1,133 @@
+"""The ``dlm-decode`` command line. Subcommands live in their own modules and share the decoding flags below.
+
+dlm-decode generate MODEL [PROMPT ...] [--input-ids 1,2,3 ...] [--chat] --sampler NAME [--sampler-opt K=V ...]
+    --cache NAME [--cache-opt K=V ...] --gen-length N --block-length N --steps N --temperature T --seed S
+    --dtype float32|bfloat16|float16 [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+from typing import Any
+
+# subcommand -> module exposing ``add_arguments(parser)`` and ``run(args) -> int``
+COMMANDS: dict[str, tuple[str, str]] = {
+    "generate": ("dlm_decode.cli", "decode a batch of prompts with any sampler and cache"),
+}
+
+
+def add_decoding_args(p: argparse.ArgumentParser, *, gen_length: int | None = 128) -> None:
+    """Flags every decoding command shares (same names in generate, parallelbench, demo, benchmarks)."""
+    g = p.add_argument_group("decoding")
+    g.add_argument("--sampler", default="low_confidence", help="sampler name (see `dlm-decode generate --list`)")
+    g.add_argument("--sampler-opt", action="append", default=[], metavar="KEY=VALUE", help="sampler option")
+    g.add_argument("--cache", default="none", help="cache policy name")
+    g.add_argument("--cache-opt", action="append", default=[], metavar="KEY=VALUE", help="cache option")
+    g.add_argument("--gen-length", type=int, default=gen_length, help="generation slots after the prompt")
+    g.add_argument("--block-length", type=int, default=None, help="block size (default: 32, or gen length)")
+    g.add_argument("--steps", type=int, default=None, help="total steps for fixed-budget samplers (default: gen)")
+    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--top-p", type=float, default=None)
+    g.add_argument("--top-k", type=int, default=None)
+    g.add_argument("--cfg-scale", type=float, default=0.0, help="classifier-free guidance scale (LLaDA)")
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--stop-at-eos", action="store_true", help="stop a row at its first EOS (rest filled with EOS)")
+    g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    g.add_argument("--device", default="cpu")
+
+
+def decoding_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """Parsed flags -> keyword arguments of ``dlm_decode.generate`` (validated there)."""
+    from dlm_decode.options import parse_kv
+
+    kw = dict(
+        sampler=args.sampler,
+        sampler_options=parse_kv(args.sampler_opt),
+        cache=args.cache,
+        cache_options=parse_kv(args.cache_opt),
+        block_length=args.block_length,
+        steps=args.steps,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        seed=args.seed,
+        stop_at_eos=args.stop_at_eos,
+        cfg_scale=args.cfg_scale,
+    )
+    if args.gen_length is not None:
+        kw["gen_length"] = args.gen_length
+    return kw
+
+
+def check_components(kw: dict[str, Any]) -> None:
+    """Resolve sampler and cache (names and options) before any model is loaded, so typos fail at once."""
+    from dlm_decode.cache import get_cache
+    from dlm_decode.samplers import get_sampler
+
+    get_sampler(kw["sampler"], kw["sampler_options"])
+    get_cache(kw["cache"], kw["cache_options"])
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", help="checkpoint directory or shipped demo name (demo-llada, demo-dream)")
+    p.add_argument("prompts", nargs="*", help="prompt texts, one per batch row")
+    p.add_argument("--input-ids", action="append", default=[], metavar="1,2,3", help="token ids of one row")
+    p.add_argument("--chat", action="store_true", help="wrap each text prompt as a user turn of the chat template")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    add_decoding_args(p)
+
+
+def run(args: argparse.Namespace) -> int:
+    import dlm_decode
+
+    if args.prompts and args.input_ids:
+        raise ValueError("give either text prompts or --input-ids rows, not both")
+    if not args.prompts and not args.input_ids:
+        raise ValueError("nothing to decode: give prompt texts or --input-ids")
+    rows: list[Any] = list(args.prompts)
+    for spec in args.input_ids:
+        try:
+            rows.append([int(x) for x in spec.split(",") if x.strip()])
+        except ValueError:
+            raise ValueError(f"--input-ids expects comma-separated integers, got {spec!r}") from None
+    kw = decoding_kwargs(args)
+    check_components(kw)
+    model, tok = dlm_decode.load_model(args.model, dtype=args.dtype, device=args.device)
+    if args.prompts and tok is None:
+        raise ValueError(f"{args.model} ships no tokenizer: pass --input-ids instead of text prompts")
+    out = dlm_decode.generate(model, rows, tokenizer=tok, chat=args.chat, **kw)
+    if args.json:
+        print(json.dumps(out.to_json()))
+    else:
+        for i, r in enumerate(out.rows):
+            shown = r.text if r.text is not None else " ".join(map(str, r.generated_ids))
+            print(f"[{i}] nfe={r.nfe}{' ERROR ' + r.error if r.error else ''}\n{shown}")
+        print(f"nfe={out.nfe} seconds={out.seconds:.3f}", file=sys.stderr)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="dlm-decode", description="Fast decoding for masked-diffusion LMs.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, (module, help_text) in COMMANDS.items():
+        mod = importlib.import_module(module)
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        mod.add_arguments(p)
+        p.set_defaults(_run=mod.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args._run(args) or 0)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"dlm-decode {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,57 @@
+"""Shared fixtures: tiny official-format checkpoints (written once per session) and loaded models."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from checkpoints import (  # noqa: E402
+    dream_config,
+    dream_state_dict,
+    llada_config,
+    llada_state_dict,
+    write_checkpoint,
+)
+
+import dlm_decode  # noqa: E402,F401  (registers the Auto classes)
+
+REPO = Path(__file__).resolve().parent.parent
+SHARED_DATA = REPO.parent / "shared" / "data" / "parallelbench"
+
+
+@pytest.fixture(scope="session")
+def llada_dir(tmp_path_factory) -> Path:
+    cfg = llada_config()
+    return write_checkpoint(tmp_path_factory.mktemp("llada"), cfg, llada_state_dict(cfg))
+
+
+@pytest.fixture(scope="session")
+def dream_dir(tmp_path_factory) -> Path:
+    cfg = dream_config()
+    return write_checkpoint(tmp_path_factory.mktemp("dream"), cfg, dream_state_dict(cfg))
+
+
+@pytest.fixture(scope="session")
+def llada(llada_dir):
+    return dlm_decode.load_model(llada_dir)[0]
+
+
+@pytest.fixture(scope="session")
+def dream(dream_dir):
+    return dlm_decode.load_model(dream_dir)[0]
+
+
+@pytest.fixture(scope="session", params=["llada", "dream"])
+def tiny_model(request, llada, dream):
+    return {"llada": llada, "dream": dream}[request.param]
+
+
+@pytest.fixture(autouse=True)
+def _deterministic():
+    torch.manual_seed(1234)
+    yield
