@@ -239,3 +239,41 @@ def reference_dream_logits(sd, cfg, ids, pos=None, keymask=None) -> torch.Tensor
         h = h + (g * torch.sigmoid(g) * (m @ sd[p + "mlp.up_proj.weight"].T)) @ sd[p + "mlp.down_proj.weight"].T
     h = _rms(h, sd["model.norm.weight"], cfg["rms_norm_eps"])
     return h @ sd["lm_head.weight"].T
+
+
+def write_tokenizer(path: Path) -> None:
+    """A word-level tokenizer over the tiny vocabulary with LLaDA-style special tokens and chat template."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = {
+        "<|endoftext|>": EOS,
+        "<|eot_id|>": EOT,
+        "<|startoftext|>": 3,
+        "<|start_header_id|>": 4,
+        "<|end_header_id|>": 5,
+        "<|mdm_mask|>": MASK,
+        "<unk>": 0,
+    }
+    vocab = dict(specials)
+    words = [f"w{i}" for i in range(VOCAB)]
+    for i in range(VOCAB):
+        if i not in specials.values():
+            vocab[words[i]] = i
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<|startoftext|>",
+        eos_token="<|endoftext|>",
+        pad_token="<|endoftext|>",
+        mask_token="<|mdm_mask|>",
+        unk_token="<unk>",
+        additional_special_tokens=["<|eot_id|>", "<|start_header_id|>", "<|end_header_id|>"],
+    )
+    fast.chat_template = (
+        "{{ bos_token }}{% for m in messages %}<|start_header_id|> {{ m['role'] }} <|end_header_id|> "
+        "{{ m['content'] }} <|eot_id|> {% endfor %}{% if add_generation_prompt %}<|start_header_id|> w20 "
+        "<|end_header_id|> {% endif %}"
+    )
+    fast.save_pretrained(str(path))

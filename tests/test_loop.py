@@ -1,0 +1,122 @@
+"""The decode loop: input checks, statistics, EOS stop, non-finite rows, guidance, bounded steps."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from fake import ScriptedModel, peaked, table_model
+
+import dlm_decode
+from dlm_decode.core.config import DecodeConfig
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(sampler="nope"), "valid samplers: .*low_confidence"),
+        (dict(cache="nope"), "valid caches: .*none"),
+        (dict(sampler="low_confidence", sampler_options={"x": "1"}), "has no option"),
+        (dict(gen_length=12, block_length=8), "multiple of block_length"),
+        (dict(gen_length=8, block_length=16), "block_length .* must be <= gen_length"),
+        (dict(gen_length=16, block_length=8, steps=3), "multiple of the number of blocks"),
+        (dict(gen_length=16, block_length=8, steps=32), "must be <= gen_length"),
+        (dict(gen_length=0), "gen_length must be a positive integer"),
+        (dict(steps=0), "steps must be a positive integer"),
+        (dict(temperature=-1.0), "temperature"),
+        (dict(top_p=1.5), "top_p"),
+        (dict(top_k=0), "top_k"),
+    ],
+)
+def test_bad_decoding_arguments_fail_before_work(llada, kwargs, match):
+    calls = []
+    llada.register_forward_pre_hook(lambda *a: calls.append(1))
+    with pytest.raises(ValueError, match=match):
+        dlm_decode.generate(llada, [[5, 6, 7]], **kwargs)
+    assert not calls
+
+
+def test_bad_prompts_fail_before_work(llada):
+    mask = llada.mask_token_id
+    with pytest.raises(ValueError, match="empty batch"):
+        dlm_decode.generate(llada, [])
+    with pytest.raises(ValueError, match="prompt 1 is empty"):
+        dlm_decode.generate(llada, [[4], []])
+    with pytest.raises(ValueError, match=f"contains the MASK id {mask} at position 1"):
+        dlm_decode.generate(llada, [[4, mask, 5]])
+    with pytest.raises(ValueError, match="maximum sequence length 256"):
+        dlm_decode.generate(llada, [[4] * 250], gen_length=16, block_length=8)
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        dlm_decode.generate(llada, [[4, 9999]])
+    with pytest.raises(ValueError, match="no tokenizer"):
+        dlm_decode.generate(llada, ["hello"])
+    with pytest.raises(ValueError, match="not a single string"):
+        dlm_decode.generate(llada, "hello")
+
+
+def test_statistics_are_consistent(llada):
+    out = dlm_decode.generate(llada, [[5, 6, 7], [8, 9]], gen_length=16, block_length=8, steps=8, trace=True)
+    assert out.nfe == 8 and len(out.tokens_per_step) == 8
+    assert out.committed_tokens() == 32
+    assert [r.nfe for r in out.rows] == [8, 8]
+    assert out.token_forwards == 8 * 2 * out.sequences.shape[1]  # no cache: every slot of every row, every step
+    assert out.trace.shape == (2, 16) and set(out.trace.unique().tolist()) == set(range(8))
+    assert out.cache_bytes == 0 and out.seconds > 0
+    js = out.to_json()
+    assert js["nfe"] == 8 and len(js["rows"][0]["generated_ids"]) == 16 and js["sampler"]["name"] == "low_confidence"
+
+
+def test_stop_at_eos_fills_the_rest_and_saves_steps():
+    # slot 0 -> token 5 (sure), slot 1 -> EOS (sure), later slots unsure
+    confs = [0.99, 0.98] + [0.3] * 6
+    model = table_model(confs, tokens=[5, 1] + [7] * 6)
+    full = dlm_decode.generate(model, [[3, 4]], gen_length=8, block_length=8, steps=8)
+    stopped = dlm_decode.generate(model, [[3, 4]], gen_length=8, block_length=8, steps=8, stop_at_eos=True)
+    assert full.rows[0].generated_ids == [5, 1] + [7] * 6
+    assert stopped.rows[0].generated_ids == [5, 1] + [1] * 6
+    assert stopped.nfe == 2 and full.nfe == 8
+
+
+def test_nonfinite_logits_stop_only_that_row():
+    def fn(canvas, step):
+        out = torch.zeros(canvas.shape[0], canvas.shape[1], 16)
+        out[:, :] = peaked(4, 0.9)
+        out[1, :, 3] = float("nan")
+        return out
+
+    out = dlm_decode.generate(ScriptedModel(fn), [[3, 4], [5, 6]], gen_length=4, block_length=4, steps=4)
+    assert out.rows[0].error is None and out.rows[0].generated_ids == [4, 4, 4, 4]
+    assert "non-finite logits" in out.rows[1].error
+
+
+def test_mask_is_never_written_even_if_predicted():
+    def fn(canvas, step):
+        out = torch.zeros(canvas.shape[0], canvas.shape[1], 16)
+        out[:, :] = peaked(15, 0.9)  # the model's favourite is MASK (id 15)
+        out[:, :, 6] = out[:, :, 6] + 1.0
+        return out
+
+    out = dlm_decode.generate(ScriptedModel(fn), [[3, 4]], gen_length=4, block_length=4, steps=2)
+    assert out.rows[0].generated_ids == [6, 6, 6, 6]
+
+
+def test_classifier_free_guidance_combines_conditional_and_unconditional():
+    seen = []
+
+    def fn(canvas, step):
+        seen.append(canvas.clone())
+        out = torch.zeros(canvas.shape[0], canvas.shape[1], 16)
+        out[:, :, 5] = 1.0
+        out[canvas.shape[0] // 2 :, :, 5] = 2.0  # the unconditional half prefers token 5 more
+        out[: canvas.shape[0] // 2, :, 6] = 1.5  # the conditional half prefers token 6
+        return out
+
+    cfg = dlm_decode.generate(ScriptedModel(fn), [[3, 4]], gen_length=2, block_length=2, steps=2, cfg_scale=1.0)
+    # guided: un + 2 * (cond - un): token 5 -> 2 + 2 * (1 - 2) = 0; token 6 -> 0 + 2 * 1.5 = 3
+    assert cfg.rows[0].generated_ids == [6, 6]
+    assert seen[0].shape[0] == 2 and (seen[0][1, :2] == 15).all() and seen[0][0, :2].tolist() == [3, 4]
+
+
+def test_config_object_and_keywords_agree(llada):
+    a = dlm_decode.generate(llada, [[5, 6]], config=DecodeConfig(gen_length=8, block_length=4, steps=8))
+    b = dlm_decode.generate(llada, [[5, 6]], gen_length=8, block_length=4, steps=8)
+    assert torch.equal(a.sequences, b.sequences)
