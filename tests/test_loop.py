@@ -120,3 +120,15 @@ def test_config_object_and_keywords_agree(llada):
     a = dlm_decode.generate(llada, [[5, 6]], config=DecodeConfig(gen_length=8, block_length=4, steps=8))
     b = dlm_decode.generate(llada, [[5, 6]], gen_length=8, block_length=4, steps=8)
     assert torch.equal(a.sequences, b.sequences)
+
+
+def test_end_of_turn_tokens_count_as_eos(llada, tmp_path):
+    from checkpoints import EOS, EOT, write_tokenizer
+    from transformers import AutoTokenizer
+
+    from dlm_decode.core.loop import _eos_ids
+
+    write_tokenizer(tmp_path)
+    tok = AutoTokenizer.from_pretrained(tmp_path)
+    assert _eos_ids(llada, None) == [EOS]
+    assert _eos_ids(llada, tok) == sorted({EOS, EOT})

@@ -87,13 +87,17 @@ def _config(config: DecodeConfig | None, kwargs: dict[str, Any]) -> DecodeConfig
     return config if config is not None else DecodeConfig(**kwargs)
 
 
+END_OF_TURN_TOKENS = ("<|endoftext|>", "<|eot_id|>", "<|im_end|>")  # LLaDA, LLaDA-Instruct, Dream-Instruct
+
+
 def _eos_ids(model: Any, tokenizer: Any | None) -> list[int]:
+    """Ids that end an answer: the config's EOS plus the tokenizer's EOS and end-of-turn tokens."""
     ids = set(model.eos_token_ids)
     if tokenizer is not None:
-        for name in ("eos_token_id",):
-            v = getattr(tokenizer, name, None)
-            if isinstance(v, int):
-                ids.add(v)
+        if isinstance(getattr(tokenizer, "eos_token_id", None), int):
+            ids.add(tokenizer.eos_token_id)
+        vocab = tokenizer.get_vocab()
+        ids.update(vocab[t] for t in END_OF_TURN_TOKENS if t in vocab)
     return sorted(ids)
 
 
