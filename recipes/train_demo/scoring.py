@@ -1,0 +1,68 @@
+"""Score a model on ParallelBench samples with one-token-per-step greedy decoding (shared by train.py/evaluate.py).
+
+Decoding is the benchmark's baseline: ``sampler="low_confidence"``, ``steps = gen_length = block_length =
+max_new_tokens`` of the task (32 waiting line, 64 puzzles), temperature 0; the chat is built by ``build_messages``
+and rendered by the tokenizer's chat template inside ``dlm_decode.generate``. Scores come from
+``dlm_decode.parallelbench.metrics.score_sample`` (lenient score, as the paper reports, plus the strict one).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+import dlm_decode
+from dlm_decode.parallelbench.metrics import score_sample
+
+
+def score_task(
+    model: Any,
+    tokenizer: Any,
+    task: str,
+    chats: Sequence[list[dict[str, str]]],
+    samples: Sequence[dict],
+    gen_length: int,
+    batch_size: int = 50,
+) -> dict[str, float]:
+    """Mean score x 100 (lenient and strict), NFE per sample and seconds for one task's samples."""
+    was_training = model.training
+    model.eval()
+    scores, strict, nfe = [], [], 0
+    start = time.perf_counter()
+    try:
+        for i in range(0, len(chats), batch_size):
+            out = dlm_decode.generate(
+                model,
+                list(chats[i : i + batch_size]),
+                tokenizer=tokenizer,
+                chat=True,
+                sampler="low_confidence",
+                gen_length=gen_length,
+                block_length=gen_length,
+                steps=gen_length,
+                temperature=0.0,
+            )
+            for text, sample in zip(out.texts, samples[i : i + batch_size], strict=True):
+                s = score_sample(task, text or "", sample)
+                scores.append(s["score"])
+                strict.append(s["score_strict"])
+            nfe += out.nfe * len(out.rows)
+    finally:
+        model.train(was_training)
+    n = max(len(scores), 1)
+    return {
+        "score": 100.0 * sum(scores) / n,
+        "score_strict": 100.0 * sum(strict) / n,
+        "nfe": nfe / n,
+        "n": len(scores),
+        "seconds": time.perf_counter() - start,
+    }
+
+
+@torch.no_grad()
+def score_tasks(model: Any, tokenizer: Any, items: dict[str, tuple[list, list, int]], **kw: Any) -> dict[str, dict]:
+    """``items``: task -> (chats, samples, gen_length). Returns task -> score_task's dict."""
+    return {task: score_task(model, tokenizer, task, *items[task], **kw) for task in items}

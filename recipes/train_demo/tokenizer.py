@@ -1,0 +1,111 @@
+"""Train the demo models' BPE tokenizer (LLaDA special tokens and chat template) on generated ParallelBench text.
+
+    python recipes/train_demo/tokenizer.py --data recipes/train_demo/work/data --out recipes/train_demo/work/tokenizer
+
+Pre-tokenization keeps the task vocabulary compact: a word with its optional leading space is one piece
+(``" Ramos"``), every digit is its own piece (sudoku grids stay one token per cell), and a run of punctuation and
+spaces is one piece, so the list separator ``", "`` becomes a single token and a waiting-line name costs about three
+tokens. Pieces are byte-level mapped (GPT-2 alphabet), so any text round-trips. The saved directory is a plain
+``PreTrainedTokenizerFast`` (tokenizer.json + tokenizer_config.json with the chat template) that
+``AutoTokenizer.from_pretrained`` loads offline.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Iterable
+from pathlib import Path
+
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast
+
+BOS, EOS, MASK = "<|startoftext|>", "<|endoftext|>", "<|mdm_mask|>"
+HEADER_START, HEADER_END, EOT = "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"
+SPECIAL_TOKENS = [BOS, EOS, MASK, HEADER_START, HEADER_END, EOT]
+
+# LLaDA-8B-Instruct's template (Llama-3 style): bos before the first turn, contents trimmed, eot after each turn.
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{% set content = '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n' + message['content'] | trim"
+    " + '<|eot_id|>' %}"
+    "{% if loop.index0 == 0 %}{% set content = bos_token + content %}{% endif %}"
+    "{{ content }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}"
+)
+
+# word (with its leading space) | one digit (with its leading space) | newlines | a run of other characters
+PIECE = r" ?\p{L}+| ?\p{N}|\n+|[^\p{L}\p{N}\n]+"
+
+
+def build_tokenizer() -> Tokenizer:
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(PIECE), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    tok.decoder = decoders.ByteLevel()
+    return tok
+
+
+def train_tokenizer(texts: Iterable[str], vocab_size: int = 1024, min_frequency: int = 2) -> PreTrainedTokenizerFast:
+    """BPE over ``texts``; the six special tokens get ids 0..5 (bos, eos/pad, mask, header start/end, eot)."""
+    tok = build_tokenizer()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=min_frequency,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer=trainer)
+    return wrap(tok)
+
+
+def wrap(tok: Tokenizer) -> PreTrainedTokenizerFast:
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token=BOS,
+        eos_token=EOS,
+        pad_token=EOS,
+        mask_token=MASK,
+        additional_special_tokens=[HEADER_START, HEADER_END, EOT],
+        chat_template=CHAT_TEMPLATE,
+        model_max_length=512,
+        padding_side="left",
+        clean_up_tokenization_spaces=False,
+    )
+
+
+def chat_texts(rows: Iterable[dict]) -> Iterable[str]:
+    """The text the tokenizer should compress: every turn's content and every target answer."""
+    import json
+
+    for row in rows:
+        for m in json.loads(row["messages"]):
+            yield m["content"]
+        yield row["target"]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data", required=True, help="dataset directory written by data.py")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--vocab-size", type=int, default=1024)
+    ap.add_argument("--max-rows", type=int, default=30000, help="rows of the train split to learn merges from")
+    args = ap.parse_args()
+
+    from datasets import load_from_disk
+
+    train = load_from_disk(args.data)["train"]
+    rows = train.shuffle(seed=0).select(range(min(args.max_rows, len(train))))  # rows are grouped by task
+    tok = train_tokenizer(chat_texts(rows), vocab_size=args.vocab_size)
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    tok.save_pretrained(args.out)
+    print(f"vocab {len(tok)} -> {args.out}")
+
+
+if __name__ == "__main__":
+    main()
