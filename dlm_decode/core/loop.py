@@ -51,6 +51,7 @@ class GenerateOutput:
     sampler: dict[str, Any] = field(default_factory=dict)
     cache: dict[str, Any] = field(default_factory=dict)
     trace: torch.Tensor | None = None  # [B, L] step that committed each generation slot (-1: cut / filled)
+    scratch: dict[str, Any] = field(default_factory=dict)  # the call's sampler / cache memory (records, statistics)
 
     @property
     def generated(self) -> torch.Tensor:  # [B, L]
@@ -172,6 +173,7 @@ def generate(
         gen_end=torch.full((b,), t, dtype=torch.long, device=device),
         trace=torch.full((b, cfg.gen_length), -1, dtype=torch.long, device=device),
         row_steps=torch.zeros(b, dtype=torch.long, device=device),
+        logit_shift=int(getattr(model, "logit_shift", 0)),
     )
     store = None
     if pol.uses_store:
@@ -182,17 +184,23 @@ def generate(
     refreshes = 0
     bar = tqdm(total=b * cfg.gen_length, desc=f"{smp.name}/{pol.name}", disable=not progress, leave=False)
     start = time.perf_counter()
-    for bi in range(num_blocks):
-        if bool(state.finished.all()):
+    # Blocks advance per row: a row's next block starts where its last one ended (fixed-size blocks by default; a
+    # sampler may move ``state.block_end`` to make blocks variable). ``block_start`` is shared: the earliest start
+    # among unfinished rows; slots between it and a row's own start are already decoded, so they are never candidates.
+    next_start = torch.full((b,), p, device=device, dtype=torch.long)  # [B]
+    bi = 0
+    while True:
+        todo = ~state.finished & (next_start < state.gen_end)
+        if not bool(todo.any()):
             break
         state.block_index, state.block_step = bi, 0
-        state.block_start = p + bi * block
-        state.block_end = torch.minimum(
-            torch.full((b,), state.block_start + block, device=device, dtype=torch.long), state.gen_end
-        )
+        state.block_starts = next_start.clone()
+        state.block_start = int(next_start[todo].min())
+        state.block_end = torch.minimum(next_start + block, state.gen_end)
         smp.begin_block(state)
         pol.begin_block(state)
         limit = smp.max_block_steps(state)
+        state.block_limit = limit
         while True:
             cand_all = state.block_masked()  # [B, T]
             active = cand_all.any(1)
@@ -200,13 +208,22 @@ def generate(
                 break
             r0, r1 = smp.region(state)
             plan = pol.plan(state, (r0, r1))
+            last = state.block_step + 1 >= limit
+            if last and plan.candidates is not None:
+                raise RuntimeError(f"cache {pol.name!r} restricted the candidates at the block's last allowed step")
             refreshes += int(plan.refresh)
             logits = _forward(model, state, plan, (r0, r1), store)  # [B, R, V]
+            computed = None if plan.candidates is None else plan.candidates[:, r0:r1]  # [B, R]
+            if computed is not None:  # slots the policy did not compute: flat logits, never committed
+                logits = logits.masked_fill(~computed[..., None], 0.0)
             _fail_nonfinite(state, logits, candidates(state, r0, r1))
             sel = smp.select(state, logits, r0)
             cand = candidates(state, r0, r1)
-            commit = sel.commit & cand
-            if state.block_step + 1 >= limit:  # step bound reached: finish the block
+            allowed = cand if sel.stop_rows is None else cand | _all_in(state, sel.stop_rows, r0, r1)
+            if computed is not None:
+                cand, allowed = cand & computed, allowed & computed
+            commit = sel.commit & allowed
+            if last:  # step bound reached: finish the block
                 commit = commit | (cand & state.in_block()[:, r0:r1])
             if bool((commit & (sel.tokens == mask_id)).any()):
                 raise RuntimeError(f"sampler {smp.name!r} proposed the MASK id for a committed slot")
@@ -217,7 +234,7 @@ def generate(
             if sel.cut_at is not None:
                 _cut(state, sel.cut_at)
             if sel.stop_rows is not None:
-                state.finished |= sel.stop_rows
+                _stop_rows(state, sel.stop_rows)
             if cfg.stop_at_eos:
                 _stop_at_eos(state)
             state.step += 1
@@ -225,6 +242,8 @@ def generate(
             state.finished |= ~state.is_masked()[:, p:].any(1)
             pol.after_step(state, committed)
             bar.update(int(committed.sum()))
+        next_start = torch.maximum(state.block_end, next_start)
+        bi += 1
     bar.close()
     seconds = time.perf_counter() - start
     return _output(state, rows, tokenizer, smp, pol, store, refreshes, seconds, trace)
@@ -279,13 +298,30 @@ def _record(state: DecodeState, committed: torch.Tensor, active: torch.Tensor) -
 
 
 def _cut(state: DecodeState, cut_at: torch.Tensor) -> None:
-    """Fill slots >= cut_at with the fill id (EoTP); rows with cut_at < 0 are untouched."""
+    """Fill generation slots >= cut_at with the fill id, decoded or not (EoTP truncates the canvas there); rows with
+    cut_at < 0 are untouched."""
     idx = torch.arange(state.total_length, device=state.device)
-    rows = cut_at >= 0
+    rows = (cut_at >= 0) & ~state.finished
     cut = rows[:, None] & (idx[None, :] >= cut_at[:, None]) & (idx[None, :] >= state.prompt_len)
-    state.canvas[cut & state.is_masked()] = state.fill_id
+    state.canvas[cut] = state.fill_id
+    state.trace[cut[:, state.prompt_len :]] = -1
     state.gen_end = torch.where(rows, torch.minimum(state.gen_end, cut_at), state.gen_end)
     state.block_end = torch.minimum(state.block_end, state.gen_end)
+
+
+def _all_in(state: DecodeState, stop_rows: torch.Tensor, r0: int, r1: int) -> torch.Tensor:
+    """[B, R] masked generation slots of the region in unfinished stopping rows (an all-in commit may fill them)."""
+    idx = torch.arange(r0, r1, device=state.device)
+    gen = (idx[None, :] >= state.prompt_len) & (idx[None, :] < state.gen_end[:, None])
+    return stop_rows[:, None] & ~state.finished[:, None] & gen & state.is_masked()[:, r0:r1]
+
+
+def _stop_rows(state: DecodeState, stop_rows: torch.Tensor) -> None:
+    """Stop rows after an all-in commit; any mask the region did not cover gets the fill id (never leave a MASK)."""
+    left = stop_rows[:, None] & state.is_masked()
+    left[:, : state.prompt_len] = False
+    state.canvas[left] = state.fill_id
+    state.finished |= stop_rows
 
 
 def _stop_at_eos(state: DecodeState) -> None:
@@ -329,4 +365,5 @@ def _output(state, rows, tokenizer, smp, pol, store, refreshes, seconds, trace) 
         sampler=describe(smp),
         cache=describe(pol),
         trace=state.trace if trace else None,
+        scratch=state.scratch,
     )

@@ -30,8 +30,12 @@ class DecodeState:
     block_index: int = 0
     block_start: int = 0  # slot where the current block starts (shared by all rows)
     block_end: torch.Tensor = field(default=None)  # [B] exclusive end of the current block per row
+    block_starts: torch.Tensor = field(default=None)  # [B] each row's own block start (>= block_start; rows differ
+    # only with variable blocks, where a sampler moves block_end and each row's next block starts at its old end)
     step: int = 0  # forwards so far in this call (NFE)
     block_step: int = 0  # forwards so far in the current block
+    block_limit: int = 0  # forwards allowed in the current block (the sampler's bound; the last one finishes it)
+    logit_shift: int = 0  # the model's: the hidden state predicting slot i sits at i - logit_shift (Dream: 1)
     finished: torch.Tensor = field(default=None)  # [B] bool: row needs no more forwards
     failed: list[str | None] = field(default_factory=list)  # per-row error message, None when fine
     gen_end: torch.Tensor = field(default=None)  # [B] slots at or after gen_end are cut (EoTP / EOS fill)

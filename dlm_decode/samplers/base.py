@@ -6,6 +6,10 @@ it may keep tensors in ``state.scratch[name]`` (schedules, counters); it never r
 Per step the loop hands the sampler aligned logits for a region of slots ``[r0, r1)`` (by default the current
 block) and the sampler returns which slots to commit and with which tokens. The loop then enforces the contract
 (only masked slots of the row's current block, never MASK, only unfinished rows) and checks the step bound.
+
+Two generic extensions: a sampler may move ``state.block_end`` (per row) during the first ``select`` of a block
+(variable blocks: the row's next block then starts at that end), and a row listed in ``Selection.stop_rows`` may
+commit every masked generation slot of the region in that step (an all-in commit), after which it stops.
 """
 
 from __future__ import annotations
@@ -28,6 +32,13 @@ SAMPLERS: dict[str, str] = {
     "maskgit_plus": "dlm_decode.samplers.dream_maskgit_plus:DreamMaskGitPlus",
     "topk_margin": "dlm_decode.samplers.dream_topk_margin:DreamTopkMargin",
     "entropy": "dlm_decode.samplers.dream_entropy:DreamEntropy",
+    "threshold": "dlm_decode.samplers.threshold:Threshold",
+    "factor": "dlm_decode.samplers.factor:Factor",
+    "local_leap": "dlm_decode.samplers.local_leap:LocalLeap",
+    "early_commit": "dlm_decode.samplers.early_commit:EarlyCommit",
+    "adaptive_block": "dlm_decode.samplers.adaptive_block:AdaptiveBlock",
+    "learned_filter": "dlm_decode.samplers.learned_filter:LearnedFilter",
+    "entropy_threshold": "dlm_decode.samplers.entropy_threshold:EntropyThreshold",
 }
 
 

@@ -1,0 +1,55 @@
+"""Anchor-guided local parallel decoding ("LocalLeap").
+
+Rule (as specified in ALGORITHMS.md section 2; no public reference code was found to check it against): per step in
+the current block, anchors are the masked slots with confidence ``>= kappa``; their neighbourhood is the union of
+``[a - radius, a + radius]`` over anchors (canvas distance, so decoded slots count towards the radius). The step
+commits the most confident masked slot, every masked slot in the neighbourhood with confidence ``>= tau_relaxed``
+and every other masked slot with confidence ``>= kappa``. Without anchors this is the Fast-dLLM threshold rule at
+``kappa``. Comparisons are ``>=`` like Fast-dLLM's threshold; confidences are float64 (``gumbel_proposals``).
+Defaults kappa 0.9, tau_relaxed 0.75, radius 4, block 32.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+import torch.nn.functional as F
+
+from dlm_decode.core.state import DecodeState
+from dlm_decode.samplers.base import Sampler, Selection, candidates
+from dlm_decode.samplers.threshold import check_probability, top1
+
+
+def neighbourhood(anchors: torch.Tensor, radius: int) -> torch.Tensor:
+    """[B, R] bool anchors -> [B, R] bool: slots within ``radius`` of any anchor (a 1-D dilation)."""
+    if radius == 0:
+        return anchors.clone()
+    near = F.max_pool1d(anchors.float()[:, None, :], kernel_size=2 * radius + 1, stride=1, padding=radius)
+    return near[:, 0, :] > 0
+
+
+@dataclass(frozen=True)
+class LocalLeap(Sampler):
+    kappa: float = 0.9
+    tau_relaxed: float = 0.75
+    radius: int = 4
+
+    name: ClassVar[str] = "local_leap"
+
+    def __post_init__(self) -> None:
+        check_probability(self.name, "kappa", self.kappa)
+        check_probability(self.name, "tau_relaxed", self.tau_relaxed)
+        if self.tau_relaxed > self.kappa:
+            raise ValueError(f"{self.name}: tau_relaxed ({self.tau_relaxed}) must be <= kappa ({self.kappa})")
+        if not isinstance(self.radius, int) or isinstance(self.radius, bool) or self.radius < 0:
+            raise ValueError(f"{self.name}: radius must be an integer >= 0, got {self.radius!r}")
+
+    def select(self, state: DecodeState, logits: torch.Tensor, r0: int) -> Selection:
+        x0, conf = self.proposals(state, logits)  # [B, R], [B, R] float64
+        cand = candidates(state, r0, r0 + logits.shape[1])
+        anchors = cand & (conf >= self.kappa)
+        near = neighbourhood(anchors, self.radius)
+        passes = torch.where(near, conf >= self.tau_relaxed, conf >= self.kappa)
+        return Selection(commit=top1(conf, cand) | (cand & passes), tokens=x0)

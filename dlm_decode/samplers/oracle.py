@@ -1,0 +1,104 @@
+"""The "extremely greedy parallel" oracle of Learn2PD (Bao et al. 2025): a per-sample bound on parallel decoding
+and the source of the filter's training data.
+
+Reference: ``generate_data`` in Learn2PD's ``llada/generate_training_data.py``. First decode the prompt once with
+LLaDA's low-confidence rule (one token per step by default) to get the reference answer ``y``. Then re-decode: at
+every step commit exactly the masked block slots whose current proposal equals ``y`` (with ``y``'s token), and
+record the block's confidence vector (probability of the proposal at every block slot, decoded or not) with the
+labels ``proposal == y``. If a step's block proposals are all equal to the previous step's (the model is stuck),
+the block is filled with ``y`` after that step's record, as the reference does. The number of forwards of the second
+pass is the oracle NFE: the fewest steps a decoder can take that reproduces ``y`` from the model's own predictions.
+
+``oracle_generate(model, prompts, ...)`` runs both passes; ``Oracle(reference=...)`` is the second pass as a sampler
+(not in the ``SAMPLERS`` registry: it needs each row's reference answer). Differences: confidences are float64
+(the reference: model dtype); MASK is never proposed; a block is bounded by ``2 * block_length`` forwards (the loop
+then fills it with ``y``), where the reference relies on the stuck test alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+
+from dlm_decode.core.state import DecodeState
+from dlm_decode.samplers.base import Sampler, Selection, candidates
+
+
+@dataclass(frozen=True)
+class Oracle(Sampler):
+    reference: tuple[tuple[int, ...], ...] = ()  # per row, the gen_length reference tokens
+    record: bool = False  # keep (confidence, label) block vectors per step in the call's scratch
+
+    name: ClassVar[str] = "oracle"
+    commits_every_step: ClassVar[bool] = False
+
+    def check(self, config, num_blocks: int) -> None:
+        if not self.reference:
+            raise ValueError(f"{self.name}: needs the reference answer of every row (see oracle_generate)")
+        bad = [i for i, r in enumerate(self.reference) if len(r) != config.gen_length]
+        if bad:
+            raise ValueError(f"{self.name}: reference rows {bad} do not have gen_length ({config.gen_length}) tokens")
+
+    def max_block_steps(self, state: DecodeState) -> int:
+        return 2 * int((state.block_end - state.block_start).max())
+
+    def begin_block(self, state: DecodeState) -> None:
+        mem = state.scratch.setdefault(self.name, {"conf": [], "label": []})
+        if "y" not in mem:
+            if len(self.reference) != state.batch:
+                raise ValueError(f"{self.name}: {len(self.reference)} reference rows for a batch of {state.batch}")
+            y = torch.full_like(state.canvas, state.mask_id)
+            y[:, state.prompt_len :] = torch.tensor(self.reference, dtype=torch.long, device=state.device)
+            mem["y"] = y  # [B, T]
+        mem["prev"] = None
+
+    def select(self, state: DecodeState, logits: torch.Tensor, r0: int) -> Selection:
+        mem = state.scratch[self.name]
+        x0, conf = self.proposals(state, logits)  # [B, R]
+        r = logits.shape[1]
+        y = mem["y"][:, r0 : r0 + r]
+        cand = candidates(state, r0, r0 + r)
+        in_block = state.in_block()[:, r0 : r0 + r]
+        correct = x0 == y
+        active = cand.any(1)
+        if self.record and bool(active.any()):
+            n = state.block_length
+            mem["conf"].append(conf[active, :n].float().cpu())
+            mem["label"].append(correct[active, :n].cpu())
+        prev = mem["prev"]
+        stuck = torch.zeros_like(active) if prev is None else ((x0 == prev) | ~in_block).all(1)
+        mem["prev"] = x0
+        commit = cand & (correct | stuck[:, None])
+        return Selection(commit=commit, tokens=y)
+
+
+def oracle_generate(
+    model: Any, prompts: Any, *, record: bool = False, reference_steps: int | None = None, **kwargs: Any
+) -> tuple[Any, Any, tuple[torch.Tensor, torch.Tensor] | None]:
+    """Both passes: returns (reference output, oracle output, records).
+
+    ``kwargs`` go to ``generate`` for both passes (``gen_length``, ``block_length``, ``tokenizer``, ``chat``,
+    ``cache``...); the first pass uses ``low_confidence`` with ``reference_steps`` (default ``gen_length``: one token
+    per step). ``records`` is ``(conf [N, block] float32, label [N, block] float32)`` when ``record``.
+    """
+    from dlm_decode.core.loop import generate
+
+    kwargs = dict(kwargs)
+    for key in ("sampler", "sampler_options", "steps"):
+        if key in kwargs:
+            raise ValueError(f"oracle_generate chooses {key} itself")
+    gen_length = kwargs.get("gen_length", 128)
+    ref = generate(model, prompts, sampler="low_confidence", steps=reference_steps or gen_length, **kwargs)
+    reference = tuple(tuple(row.generated_ids) for row in ref.rows)
+    out = generate(model, prompts, sampler=Oracle(reference=reference, record=record), **kwargs)
+    records = None
+    if record:
+        mem = out.scratch.get(Oracle.name, {"conf": [], "label": []})
+        if mem["conf"]:
+            records = (torch.cat(mem["conf"]), torch.cat(mem["label"]).float())
+        else:
+            block = kwargs.get("block_length") or min(32, gen_length)
+            records = (torch.zeros(0, block), torch.zeros(0, block))
+    return ref, out, records

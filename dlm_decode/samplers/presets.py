@@ -1,0 +1,126 @@
+"""Named presets for the published settings of the fast samplers: a sampler, its options and decoding overrides.
+
+    from dlm_decode.samplers.presets import get_preset
+    out = dlm_decode.generate(model, prompts, tokenizer=tok, **get_preset("prophet_gsm8k").generate_kwargs())
+
+Each preset records where its numbers come from (paper table or reference script). Decoding overrides are what the
+reference scripts run with (generation length, block length, step budget); override any of them with keywords,
+e.g. ``get_preset("fast_dllm_threshold").generate_kwargs(gen_length=64)``. Presets that need an artefact take it as
+an option: ``learn2pd`` needs ``filter`` (a trained filter), Prophet's forced answer prefix needs ``prefix_ids``
+(``early_commit.answer_prefix_ids(tokenizer)``), AdaBlock on a non-LLaDA / non-Dream tokenizer needs
+``delimiter_ids`` (``adaptive_block.delimiter_ids_from_tokenizer(tokenizer)``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from dlm_decode.samplers.adaptive_block import DREAM_DELIMITER_IDS, LLADA_DELIMITER_IDS
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    sampler: str
+    options: dict[str, Any] = field(default_factory=dict)
+    config: dict[str, Any] = field(default_factory=dict)  # DecodeConfig overrides
+    source: str = ""
+
+    def generate_kwargs(self, options: dict[str, Any] | None = None, **config: Any) -> dict[str, Any]:
+        """Keywords for ``dlm_decode.generate``: sampler, sampler_options and the decoding overrides."""
+        return {"sampler": self.sampler, "sampler_options": self.options | dict(options or {})} | self.config | config
+
+
+_GSM8K_256 = {"gen_length": 256, "block_length": 32}
+
+PRESETS: dict[str, Preset] = {
+    p.name: p
+    for p in (
+        Preset("fast_dllm_threshold", "threshold", {"threshold": 0.9}, _GSM8K_256, "Fast-dLLM paper / llada/eval"),
+        Preset("fast_dllm_factor", "factor", {"factor": 1.0}, _GSM8K_256, "Fast-dLLM llada/generate.py"),
+        Preset(
+            "prophet",
+            "early_commit",
+            {"thresholds": (7.5, 5.0, 2.5)},
+            _GSM8K_256 | {"steps": 256},
+            "Prophet generate_earlyexit.py defaults",
+        ),
+        Preset(
+            "prophet_gsm8k",
+            "early_commit",
+            {"thresholds": (8.0, 5.0, 3.5)},
+            _GSM8K_256 | {"steps": 256},
+            "Prophet paper, GSM8K row",
+        ),
+        Preset(
+            "prophet_code",
+            "early_commit",
+            {"thresholds": (7.5, 5.0, 4.5)},
+            _GSM8K_256 | {"steps": 256},
+            "Prophet paper, code rows",
+        ),
+        Preset(
+            "prophet_fast_dllm",
+            "early_commit",
+            {"thresholds": (7.5, 5.0, 2.5), "base": "threshold", "threshold": 0.9},
+            _GSM8K_256,
+            "Prophet paper, stacked on Fast-dLLM's threshold rule",
+        ),
+        Preset(
+            "adablock_llada",
+            "adaptive_block",
+            {"delimiter_ids": LLADA_DELIMITER_IDS, "delimiter_threshold": 0.3, "threshold": 0.9},
+            {"gen_length": 512, "block_length": 32},
+            "AdaBlock llada/eval_adablock.sh",
+        ),
+        Preset(
+            "adablock_dream",
+            "adaptive_block",
+            {"delimiter_ids": DREAM_DELIMITER_IDS, "delimiter_threshold": 0.5, "threshold": 0.9},
+            {"gen_length": 512, "block_length": 32},
+            "AdaBlock dream/eval_adablock.sh",
+        ),
+        Preset("dparallel_llada", "entropy_threshold", {"eta": 0.5}, _GSM8K_256, "dParallel LLaDA/eval.sh"),
+        Preset("dparallel_llada_mbpp", "entropy_threshold", {"eta": 0.45}, _GSM8K_256, "dParallel LLaDA/eval.sh"),
+        Preset(
+            "dparallel_dream", "entropy_threshold", {"eta": 0.45}, _GSM8K_256, "dParallel Dream eval.sh (GSM8K, MATH)"
+        ),
+        Preset("dparallel_dream_code", "entropy_threshold", {"eta": 0.5}, _GSM8K_256, "dParallel Dream eval.sh (code)"),
+        Preset(
+            "localleap",
+            "local_leap",
+            {"kappa": 0.9, "tau_relaxed": 0.75, "radius": 4},
+            _GSM8K_256,
+            "LocalLeap paper defaults",
+        ),
+        Preset(
+            "learn2pd",
+            "learned_filter",
+            {"accept": 0.96, "eotp": True},
+            _GSM8K_256 | {"steps": 256},
+            "Learn2PD llada/eval_llada.sh (needs the filter option)",
+        ),
+        Preset(
+            "eotp_only",
+            "learned_filter",
+            {"eotp": True},
+            _GSM8K_256 | {"steps": 256},
+            "Learn2PD llada/eval_llada.sh method=EoT (no filter)",
+        ),
+        Preset(
+            "learn2pd_no_eotp",
+            "learned_filter",
+            {"accept": 0.96, "eotp": False},
+            _GSM8K_256 | {"steps": 256},
+            "Learn2PD generate_learn2parallel (needs the filter option)",
+        ),
+    )
+}
+
+
+def get_preset(name: str) -> Preset:
+    """The preset called ``name``; an unknown name lists the valid ones."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; valid presets: {', '.join(sorted(PRESETS))}")
+    return PRESETS[name]

@@ -1,0 +1,53 @@
+"""Confidence-threshold parallel decoding (Wu et al. 2025, "Fast-dLLM: Training-free Acceleration of Diffusion LLM
+by Enabling KV Cache and Parallel Decoding").
+
+Reference: ``generate()`` in Fast-dLLM's ``llada/generate.py`` with ``threshold`` set (``get_transfer_index``).
+Every step commits, inside the current block, the most confident masked slot plus every other masked slot whose
+confidence (float64 softmax probability of the proposed token) is ``>= threshold``; a block ends when it has no
+MASK left, so the step count is data-dependent (``DecodeConfig.steps`` is ignored). At temperature 0 the tokens and
+the NFE equal the reference on the same checkpoint, batch of one and batch of equal-length prompts (the reference
+loops over a block until no row has a MASK in it, like our loop).
+
+Differences, on purpose: MASK is never proposed; the top-1 is picked with ``torch.topk`` over the region, the
+reference over the whole canvas row, which can differ only on exactly tied confidences. Fast-dLLM's Dream variant
+(``dream/model/generation_utils_block.py``) differs from its LLaDA one: the first forward of each block commits only
+the block's first slot and confidences use the model dtype; we follow the LLaDA variant for both models.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from dlm_decode.core.state import DecodeState
+from dlm_decode.samplers.base import Sampler, Selection, candidates, top_k_per_row
+
+
+def check_probability(owner: str, key: str, value: float) -> None:
+    """Raise unless ``value`` lies in (0, 1]."""
+    if not (isinstance(value, int | float) and math.isfinite(value) and 0.0 < value <= 1.0):
+        raise ValueError(f"{owner}: {key} must be in (0, 1], got {value!r}")
+
+
+def top1(score: torch.Tensor, cand: torch.Tensor) -> torch.Tensor:
+    """[B, R] bool: each row's single highest-scoring candidate (none for rows without candidates)."""
+    return top_k_per_row(torch.where(cand, score, float("-inf")), cand.any(1).long()) & cand
+
+
+@dataclass(frozen=True)
+class Threshold(Sampler):
+    threshold: float = 0.9
+
+    name: ClassVar[str] = "threshold"
+
+    def __post_init__(self) -> None:
+        check_probability(self.name, "threshold", self.threshold)
+
+    def select(self, state: DecodeState, logits: torch.Tensor, r0: int) -> Selection:
+        x0, conf = self.proposals(state, logits)  # [B, R], [B, R] float64
+        cand = candidates(state, r0, r0 + logits.shape[1])
+        commit = top1(conf, cand) | (cand & (conf >= self.threshold))
+        return Selection(commit=commit, tokens=x0)
