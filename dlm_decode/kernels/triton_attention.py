@@ -36,6 +36,24 @@ MAX_HEAD_DIM = 128
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
+# Reductions and zeros go through core builtins (tl.reduce, tl.full), not tl.max/tl.sum/tl.zeros: those are @jit
+# functions decorated when triton is first imported (often by torch._dynamo, before TRITON_INTERPRET is set), and
+# an interpreted kernel can't call compiled-mode jit functions. The combine functions are the ones tl.max/tl.sum
+# use (same GPU code), and the interpreter recognises them and reduces with numpy instead of element by element.
+@triton.jit
+def _own_max_combine(a, b):
+    return tl.maximum(a, b)
+
+
+@triton.jit
+def _own_sum_combine(a, b):
+    return a + b
+
+
+_max_combine = getattr(tl.standard, "_elementwise_max", _own_max_combine)
+_sum_combine = getattr(tl.standard, "_sum_combine", _own_sum_combine)
+
+
 @triton.jit
 def _masked_attention_fwd(
     Q,
@@ -93,8 +111,8 @@ def _masked_attention_fwd(
     q = tl.load(q_ptrs, mask=io_mask, other=0.0)  # [M, D]
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    l_i = tl.full([BLOCK_M], 0.0, tl.float32)
+    acc = tl.full([BLOCK_M, BLOCK_D], 0.0, tl.float32)
     k_base = K + b * stride_kb + hk * stride_kh
     v_base = V + b * stride_vb + hk * stride_vh
 
@@ -113,11 +131,11 @@ def _masked_attention_fwd(
         qk = tl.dot(q, tl.trans(k), input_precision="ieee")  # [M, N] fp32
         qk = tl.where(key_ok[None, :], qk * qk_scale, float("-inf"))
 
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        m_new = tl.maximum(m_i, tl.reduce(qk, 1, _max_combine))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with no visible key yet
         p = tl.exp2(qk - m_safe[:, None])
         alpha = tl.exp2(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, 1)
+        l_i = l_i * alpha + tl.reduce(p, 1, _sum_combine)
         v = tl.load(v_base + slot[:, None] * stride_vn + offs_d[None, :] * stride_vd, mask=kv_mask, other=0.0)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
         m_i = m_new
@@ -166,11 +184,16 @@ def _validate(q, k, v, key_mask, key_index) -> int:
     return n_keys
 
 
-def _blocks(rows: int, head_dim: int) -> tuple[int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, BLOCK_D, num_warps): tl.dot needs every block dim >= 16."""
+def _blocks(rows: int, head_dim: int, dtype: torch.dtype) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, BLOCK_D, num_warps) for ``rows`` = g * Q query rows; tl.dot needs every block >= 16.
+
+    fp32 runs IEEE FMA dots (the exact path, not the fast one): smaller tiles keep its shared memory under 64 KiB.
+    """
     block_d = max(16, triton.next_power_of_2(head_dim))
-    block_m = min(128 if block_d <= 64 else 64, max(16, triton.next_power_of_2(rows)))
-    block_n = 64
+    wide = dtype == torch.float32
+    cap = (64 if block_d <= 64 else 32) if wide else (128 if block_d <= 64 else 64)
+    block_m = min(cap, max(16, triton.next_power_of_2(rows)))
+    block_n = 32 if wide else 64
     num_warps = 4 if block_m * block_d <= 64 * 128 else 8
     return block_m, block_n, block_d, num_warps
 
@@ -195,7 +218,7 @@ def masked_attention_triton(
     if n_keys == 0:
         return out.zero_()
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
-    block_m, block_n, block_d, num_warps = _blocks(group * n_q, d)
+    block_m, block_n, block_d, num_warps = _blocks(group * n_q, d, q.dtype)
     # Unused pointer arguments get q (never read: the HAS_* flags compile those loads away).
     index = key_index if key_index is not None else q
     mask = key_mask.view(torch.uint8) if key_mask is not None else q  # bool -> uint8 without a copy
