@@ -1,0 +1,210 @@
+"""Score and NFE of checkpoints on ParallelBench with a parallel decoder: the before/after table and plot.
+
+    python recipes/certainty_forcing/evaluate.py \
+        --model base=dlm_decode/demo_models/demo-llada --model distilled=recipes/certainty_forcing/work/llada/export \
+        --etas 0.1 0.25 0.5 1.0 2.0 --out recipes/certainty_forcing/results/llada.json \
+        --plot recipes/certainty_forcing/llada_score_vs_tps.png
+
+Each sample of the official test files (``load_task``; default: the deterministic waiting-line tasks) is built into its
+chat by ``build_messages``, decoded at temperature 0 with ``entropy_threshold`` (eta from ``--etas``; block 32) and,
+as a reference point, one token per step (``low_confidence``, steps = gen length), and scored with ``score_sample``.
+NFE is per sample (forwards the row took part in); tokens per step = gen length / mean NFE, as ParallelBench reports.
+Prints a markdown table and one JSON line. ``evaluate_tasks`` (through the ParallelBench runner) is also the periodic
+evaluation of ``train.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # see train_demo/train.py: shared cores, no spinning threads
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch  # noqa: E402
+
+from certainty_forcing.common import DETERMINISTIC_WAITING_LINE, unwrap  # noqa: E402
+
+
+def _decode_fallback(model: Any, tok: Any, task: Any, decoding: dict[str, Any], batch_size: int) -> dict[str, Any]:
+    """Decode and score one task without the ParallelBench runner (same numbers: mean score x 100, mean NFE)."""
+    import dlm_decode
+    from dlm_decode.parallelbench.metrics import score_sample
+    from dlm_decode.parallelbench.tasks import max_new_tokens
+
+    gl = max_new_tokens(task.name)
+    kw = {"gen_length": gl, **decoding, "block_length": min(decoding.get("block_length") or gl, gl)}
+    scores, nfe = [], []
+    for i in range(0, len(task), batch_size):
+        idx = range(i, min(i + batch_size, len(task)))
+        out = dlm_decode.generate(model, [task.messages(j) for j in idx], tokenizer=tok, chat=True, **kw)
+        for j, row in zip(idx, out.rows, strict=True):
+            scores.append(score_sample(task.name, row.text or "", task.samples[j])["score"])
+            nfe.append(row.nfe)
+    return {"score": 100.0 * sum(scores) / len(scores), "nfe": sum(nfe) / len(nfe), "gen_length": gl, "n": len(nfe)}
+
+
+@torch.no_grad()
+def evaluate_tasks(
+    model: Any,
+    tokenizer: Any,
+    tasks: Sequence[Any],
+    decoding: dict[str, Any],
+    *,
+    batch_size: int = 50,
+) -> dict[str, Any]:
+    """Decode and score ParallelBench ``tasks`` (``Task`` objects) with ``generate`` keyword arguments ``decoding``.
+
+    Goes through ``dlm_decode.parallelbench.runner.run_task`` when that module is present. Returns per task and as
+    means over tasks: score (x 100), NFE per sample, tokens per step (gen length / mean NFE).
+    """
+    try:
+        from dlm_decode.parallelbench.runner import run_task
+    except ImportError:
+        run_task = None
+    core = unwrap(model)
+    was_training = core.training
+    core.eval()
+    start = time.perf_counter()
+    per_task = {}
+    try:
+        for task in tasks:
+            if run_task is not None:
+                r = run_task(core, tokenizer, task, decoding, batch_size=batch_size)
+                res = {"score": r.score, "nfe": r.nfe, "gen_length": r.gen_length, "n": r.n}
+            else:
+                res = _decode_fallback(core, tokenizer, task, decoding, batch_size)
+            res["tokens_per_step"] = res["gen_length"] / res["nfe"]
+            per_task[task.name] = {k: round(v, 3) if isinstance(v, float) else v for k, v in res.items()}
+    finally:
+        core.train(was_training)
+    k = max(len(per_task), 1)
+    return {
+        "score": round(sum(v["score"] for v in per_task.values()) / k, 3),
+        "nfe": round(sum(v["nfe"] for v in per_task.values()) / k, 3),
+        "tokens_per_step": round(sum(v["tokens_per_step"] for v in per_task.values()) / k, 3),
+        "tasks": per_task,
+        "seconds": round(time.perf_counter() - start, 1),
+    }
+
+
+def parallel_decoding(eta: float, block: int = 32) -> dict[str, Any]:
+    """``generate`` arguments of dParallel's decoder: entropy threshold ``eta``, block 32, greedy, no cache."""
+    return {"sampler": "entropy_threshold", "sampler_options": {"eta": eta}, "block_length": block, "temperature": 0.0}
+
+
+def one_per_step(gen_length: int, block: int = 32) -> dict[str, Any]:
+    """The base decoder the targets come from: ``low_confidence``, steps = gen length."""
+    return {"sampler": "low_confidence", "steps": gen_length, "block_length": block, "temperature": 0.0}
+
+
+def official_tasks(data_dir: str | Path, names: Sequence[str], limit: int | None = None) -> list[Any]:
+    from dlm_decode.parallelbench.tasks import load_task
+
+    return [load_task(data_dir, n, limit=limit) for n in names]
+
+
+def markdown_table(results: dict[str, dict[str, Any]], eta: float) -> str:
+    """Per task score / NFE at ``eta`` for every model, plus the one-token-per-step score."""
+    names = list(results)
+    key = f"eta={eta:g}"
+    head = "| task | " + " | ".join(f"{m} score | {m} NFE" for m in names) + " |"
+    lines = [head, "|---" * (1 + 2 * len(names)) + "|"]
+    tasks = list(next(iter(results.values()))[key]["tasks"])
+    for t in [*tasks, "mean"]:
+        cells = []
+        for m in names:
+            r = results[m][key] if t == "mean" else results[m][key]["tasks"][t]
+            cells += [f"{r['score']:.1f}", f"{r['nfe']:.2f}"]
+        lines.append(f"| {t.split('/')[-1]} | " + " | ".join(cells) + " |")
+    cells = []
+    for m in names:
+        r = results[m].get("one_per_step")
+        cells += [f"{r['score']:.1f}" if r else "-", f"{r['nfe']:.0f}" if r else "-"]
+    lines.append("| mean, 1 token/step | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plot(results: dict[str, dict[str, Any]], path: str | Path, title: str = "") -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name, res in results.items():
+        pts = sorted((v["tokens_per_step"], v["score"], k) for k, v in res.items() if k.startswith("eta="))
+        line = ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"{name} (entropy_threshold)")[0]
+        for x, y, k in pts:
+            ax.annotate(k.split("=")[1], (x, y), textcoords="offset points", xytext=(3, 3), fontsize=7)
+        if "one_per_step" in res:
+            r = res["one_per_step"]
+            ax.scatter([r["tokens_per_step"]], [r["score"]], marker="s", color=line.get_color())
+    ax.set_xlabel("tokens per step (gen length / NFE)")
+    ax.set_ylabel("mean score")
+    ax.set_title(title or "score vs parallelism (labels: eta; squares: 1 token/step)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", action="append", required=True, help="NAME=checkpoint dir (repeatable)")
+    ap.add_argument("--data-dir", default="/work/shared/data/parallelbench")
+    ap.add_argument("--tasks", nargs="*", default=list(DETERMINISTIC_WAITING_LINE))
+    ap.add_argument("--limit", type=int, default=None, help="first N samples per task")
+    ap.add_argument("--etas", type=float, nargs="*", default=[0.5])
+    ap.add_argument("--table-eta", type=float, default=0.5)
+    ap.add_argument("--no-one-per-step", action="store_true", help="skip the 1-token-per-step reference")
+    ap.add_argument("--batch-size", type=int, default=50)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--out", default=None, help="results JSON")
+    ap.add_argument("--plot", default=None, help="PNG of score vs tokens per step")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    import dlm_decode
+    from dlm_decode.parallelbench.tasks import max_new_tokens
+
+    tasks = official_tasks(args.data_dir, args.tasks, args.limit)
+    gen_lengths = {max_new_tokens(t.name) for t in tasks}
+    if len(gen_lengths) != 1:
+        raise ValueError(f"tasks mix generation lengths {sorted(gen_lengths)}; evaluate them separately")
+    gl = gen_lengths.pop()
+    results: dict[str, dict[str, Any]] = {}
+    for spec in args.model:
+        name, _, path = spec.partition("=")
+        if not path:
+            raise ValueError(f"--model expects NAME=PATH, got {spec!r}")
+        model, tok = dlm_decode.load_model(path)
+        res: dict[str, Any] = {"path": path}
+        for eta in args.etas:
+            r = evaluate_tasks(model, tok, tasks, parallel_decoding(eta), batch_size=args.batch_size)
+            res[f"eta={eta:g}"] = r
+            print(f"{name:10s} eta={eta:<5g} score {r['score']:6.2f}  NFE {r['nfe']:6.2f}  ({r['seconds']:.0f}s)")
+        if not args.no_one_per_step:
+            r = evaluate_tasks(model, tok, tasks, one_per_step(gl), batch_size=args.batch_size)
+            res["one_per_step"] = r
+            print(f"{name:10s} 1 token/step score {r['score']:6.2f}  NFE {r['nfe']:6.2f}  ({r['seconds']:.0f}s)")
+        results[name] = res
+    if args.table_eta in args.etas:
+        print(markdown_table(results, args.table_eta))
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(results, indent=1))
+    if args.plot:
+        plot(results, args.plot)
+    print(json.dumps({m: {k: v["score"] for k, v in r.items() if isinstance(v, dict)} for m, r in results.items()}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,170 @@
+"""Distillation targets for certainty forcing: the base model's own verified one-token-per-step answers.
+
+    python recipes/certainty_forcing/trajectories.py --model dlm_decode/demo_models/demo-llada \
+        --out recipes/certainty_forcing/work/traj-llada --n-per-task 200
+
+Prompts are freshly generated ParallelBench samples (``generate_task`` through train_demo's ``build_split``) with this
+recipe's own seeds; every sample equal to an official test sample (``sample_key``) is dropped, and the training
+prompts also exclude the held-out evaluation prompts. Each prompt is decoded by the base model one token per step
+(``low_confidence``, ``steps = gen length``, block 32, temperature 0, as dParallel builds its targets) and kept only
+if the verifier accepts the answer (``score_sample(...)["score"] == 1``).
+
+Writes to ``--out``: ``train.jsonl`` (one accepted trajectory a line: task, prompt_ids, response_ids = the final
+``gen_length`` canvas slots, text), ``heldout.jsonl`` (task, messages, sample, max_new_tokens: prompts for the
+periodic evaluation), ``meta.json`` (seeds, settings, acceptance per task). Work is kept per task under ``parts/`` so
+an interrupted run resumes where it stopped; final files are written to a temporary name and renamed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch  # noqa: E402
+
+from certainty_forcing.common import WAITING_LINE, demo_data  # noqa: E402
+
+TRAIN_SEED, HELDOUT_SEED = 11_000_003, 13_000_007  # far from the official five-digit seeds and from train_demo's
+
+
+def write_jsonl_atomic(path: Path, rows: list[dict]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        for r in rows:
+            f.write(json.dumps(r, ensure_ascii=False) + "\n")
+    os.replace(tmp, path)
+
+
+def read_jsonl(path: str | Path) -> list[dict]:
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def build_prompts(
+    data_dir: str | Path, tasks: list[str], n_per_task: int, n_heldout: int, seed: int, heldout_seed: int
+) -> tuple[list[dict], list[dict], dict[str, Any]]:
+    """(train rows, held-out rows, collisions dropped) with train_demo's generator wrapper and exclusion."""
+    data = demo_data()
+    official = data.official_keys(data_dir, tasks)
+    held, held_dropped, held_keys = data.build_split(data_dir, n_heldout, heldout_seed, tasks=tasks, exclude=official)
+    exclude = {t: official[t] | held_keys[t] for t in tasks}
+    train, train_dropped, _ = data.build_split(data_dir, n_per_task, seed, tasks=tasks, exclude=exclude)
+    return train, held, {"train": train_dropped, "heldout": held_dropped}
+
+
+@torch.no_grad()
+def decode_task(model: Any, tok: Any, rows: list[dict], *, block: int, batch_size: int, bar: Any) -> list[dict]:
+    """Decode one task's rows one token per step; return the accepted trajectories."""
+    import dlm_decode
+    from dlm_decode.parallelbench.metrics import score_sample
+
+    kept = []
+    for i in range(0, len(rows), batch_size):
+        chunk = rows[i : i + batch_size]
+        gl = int(chunk[0]["max_new_tokens"])
+        out = dlm_decode.generate(
+            model,
+            [json.loads(r["messages"]) for r in chunk],
+            tokenizer=tok,
+            chat=True,
+            sampler="low_confidence",
+            gen_length=gl,
+            steps=gl,
+            block_length=min(block, gl),
+            temperature=0.0,
+        )
+        for r, res in zip(chunk, out.rows, strict=True):
+            if res.error is None and score_sample(r["task"], res.text or "", json.loads(r["sample"]))["score"] == 1.0:
+                kept.append(
+                    {
+                        "task": r["task"],
+                        "prompt_ids": res.prompt_ids,
+                        "response_ids": res.generated_ids,
+                        "text": res.text,
+                    }
+                )
+        bar.update(len(chunk))
+    return kept
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", required=True, help="base checkpoint directory or demo name")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--data-dir", default="/work/shared/data/parallelbench", help="official task configs and names")
+    ap.add_argument("--tasks", nargs="*", default=list(WAITING_LINE))
+    ap.add_argument("--n-per-task", type=int, default=200, help="training prompts per task (before filtering)")
+    ap.add_argument("--heldout-per-task", type=int, default=8)
+    ap.add_argument("--seed", type=int, default=TRAIN_SEED)
+    ap.add_argument("--heldout-seed", type=int, default=HELDOUT_SEED)
+    ap.add_argument("--block", type=int, default=32)
+    ap.add_argument("--batch-size", type=int, default=50)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--dtype", default="float32")
+    args = ap.parse_args(argv)
+    if args.seed == args.heldout_seed:
+        raise ValueError("--seed and --heldout-seed must differ")
+    torch.set_num_threads(args.threads)
+    from tqdm.auto import tqdm
+
+    import dlm_decode
+
+    out = Path(args.out)
+    parts = out / "parts"
+    parts.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    train_rows, held_rows, dropped = build_prompts(
+        args.data_dir, args.tasks, args.n_per_task, args.heldout_per_task, args.seed, args.heldout_seed
+    )
+    write_jsonl_atomic(
+        out / "heldout.jsonl",
+        [{k: r[k] for k in ("task", "messages", "sample", "max_new_tokens")} for r in held_rows],
+    )
+    model, tok = dlm_decode.load_model(args.model, dtype=args.dtype)
+    by_task: dict[str, list[dict]] = {}
+    for r in train_rows:
+        by_task.setdefault(r["task"], []).append(r)
+    stats: dict[str, dict[str, Any]] = {}
+    kept_all: list[dict] = []
+    bar = tqdm(total=len(train_rows), desc="trajectories")
+    for task, rows in by_task.items():
+        part = parts / (task.replace("/", "__") + ".jsonl")
+        if part.is_file():  # done in an earlier, interrupted run
+            kept = read_jsonl(part)
+            bar.update(len(rows))
+        else:
+            kept = decode_task(model, tok, rows, block=args.block, batch_size=args.batch_size, bar=bar)
+            write_jsonl_atomic(part, kept)
+        stats[task] = {"prompts": len(rows), "accepted": len(kept), "rate": round(len(kept) / max(len(rows), 1), 3)}
+        bar.set_postfix(task=task.split("/")[-1], accepted=f"{stats[task]['rate']:.2f}")
+        kept_all += kept
+    bar.close()
+    write_jsonl_atomic(out / "train.jsonl", kept_all)
+    meta = {
+        "model": str(args.model),
+        "seed": args.seed,
+        "heldout_seed": args.heldout_seed,
+        "decode": {"sampler": "low_confidence", "steps": "gen_length", "block": args.block, "temperature": 0.0},
+        "tasks": stats,
+        "accepted": len(kept_all),
+        "prompts": len(train_rows),
+        "heldout": len(held_rows),
+        "collisions_dropped": dropped,
+        "seconds": round(time.perf_counter() - t0, 1),
+    }
+    (out / "meta.json").write_text(json.dumps(meta, indent=1))
+    print(f"{len(kept_all)}/{len(train_rows)} trajectories accepted -> {out / 'train.jsonl'}")
+    print(json.dumps({t: s["rate"] for t, s in stats.items()}))
+
+
+if __name__ == "__main__":
+    main()

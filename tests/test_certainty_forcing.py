@@ -1,0 +1,317 @@
+"""Certainty-forcing distillation recipe (recipes/certainty_forcing): masking views, the loss and its normalisation,
+LoRA targets and merging, training lowers the loss, and interrupt + resume is bitwise identical."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from checkpoints import EOS, MASK, write_tokenizer
+from safetensors.torch import load_file
+
+import dlm_decode
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "recipes"))
+
+from certainty_forcing import train as cf_train  # noqa: E402
+from certainty_forcing.lora import LORA_TARGETS, add_lora, export, merge  # noqa: E402
+from certainty_forcing.losses import certainty_forcing_loss, view_terms  # noqa: E402
+from certainty_forcing.masking import complementary_views, example_uniforms  # noqa: E402
+
+SHARED_DATA = REPO.parent / "shared" / "data" / "parallelbench"
+
+
+def left_padded(prompt_lens, resp_lens, pad=EOS, seed=0):
+    """Rows of random ids (never MASK), left-padded, responses right-aligned -> ids, start, length."""
+    g = torch.Generator().manual_seed(seed)
+    t = max(p + r for p, r in zip(prompt_lens, resp_lens, strict=True))
+    ids = torch.full((len(prompt_lens), t), pad)
+    for i, (p, r) in enumerate(zip(prompt_lens, resp_lens, strict=True)):
+        ids[i, t - p - r :] = torch.randint(3, MASK, (p + r,), generator=g)
+    length = torch.tensor(resp_lens)
+    return ids, t - length, length
+
+
+# ------------------------------------------------------------------------------------------------ masking
+
+
+def test_llada_views_prompt_clean_complement_exact_later_masked():
+    ids, start, length = left_padded([5, 9, 3], [64, 32, 40])
+    t = ids.shape[1]
+    col = torch.arange(t)[None, :]
+    resp = (col >= start[:, None]) & (col < (start + length)[:, None])
+    seen_blocks = set()
+    for s in range(40):
+        v = complementary_views(ids, start, length, mask_id=MASK, generator=torch.Generator().manual_seed(s), block=32)
+        for noisy in (v.noisy_a, v.noisy_b):
+            assert torch.equal(noisy[~resp], ids[~resp])  # prompt and padding never masked
+        assert not (v.loss_a & v.loss_b).any()  # each active token masked in exactly one view
+        assert torch.equal(v.loss_a | v.loss_b, v.active)
+        assert torch.equal(v.noisy_a == MASK, v.loss_a | v.later)
+        assert torch.equal(v.noisy_b == MASK, v.loss_b | v.later)
+        for i in range(3):
+            cols = v.active[i].nonzero().flatten()
+            off0, off1 = int(cols[0] - start[i]), int(cols[-1] - start[i]) + 1
+            assert off0 % 32 == 0 and off1 - off0 == min(32, int(length[i]) - off0)  # one whole block
+            assert len(cols) == off1 - off0  # contiguous
+            assert v.later[i].sum() == length[i] - off1  # everything after the block is masked, in both views
+            before = resp[i] & (col[0] < cols[0])
+            assert torch.equal(v.noisy_a[i][before], ids[i][before])  # earlier blocks clean
+            seen_blocks.add((i, off0 // 32))
+    # every non-empty block is drawn, including the partial last one of a 40-token response; never an empty one
+    assert seen_blocks == {(0, 0), (0, 1), (1, 0), (2, 0), (2, 1)}
+
+
+def test_dream_views_cover_the_whole_response():
+    ids, start, length = left_padded([5, 9], [64, 32])
+    v = complementary_views(ids, start, length, mask_id=MASK, generator=torch.Generator().manual_seed(0), semi_ar=False)
+    col = torch.arange(ids.shape[1])[None, :]
+    resp = (col >= start[:, None]) & (col < (start + length)[:, None])
+    assert torch.equal(v.active, resp) and not v.later.any()
+    assert torch.equal(v.loss_a | v.loss_b, resp) and not (v.loss_a & v.loss_b).any()
+    assert torch.equal(v.noisy_a[~resp], ids[~resp]) and torch.equal(v.noisy_b[~resp], ids[~resp])
+    ratio = v.loss_a.sum() / resp.sum()
+    assert 0.35 < float(ratio) < 0.65
+
+
+def test_masks_depend_on_the_example_not_on_padding():
+    ids, start, length = left_padded([5, 9, 3], [64, 32, 40])
+    t = ids.shape[1]
+    u = example_uniforms(3, 7, [10, 11, 12], start, length, t)
+    batch = complementary_views(ids, start, length, mask_id=MASK, uniforms=u)
+    for i in range(3):
+        row = ids[i : i + 1, int(start[i]) - 1 :]  # one prompt token of context is enough
+        s1, n1 = torch.tensor([1]), length[i : i + 1]
+        alone = complementary_views(
+            row, s1, n1, mask_id=MASK, uniforms=example_uniforms(3, 7, [10 + i], s1, n1, row.shape[1])
+        )
+        assert torch.equal(alone.loss_a[0, 1:], batch.loss_a[i, int(start[i]) :])
+
+
+# ------------------------------------------------------------------------------------------------ loss
+
+
+def test_loss_on_hand_built_logits():
+    # 1 row, 5 positions, vocab 4; loss positions 1, 2, 3; position 4 is not masked, position 0 is prompt
+    logits = torch.tensor(
+        [
+            [
+                [9.0, 0, 0, 0],
+                [2.0, 1.0, 0.0, 0.0],  # target 0, argmax 0 -> correct
+                [0.0, 3.0, 1.0, 0.0],  # target 2, argmax 1 -> wrong: CE only
+                [0.5, 0.0, 0.0, 1.5],  # target 3, argmax 3 -> correct
+                [0.0, 0.0, 0.0, 50.0],  # not a loss position
+            ]
+        ]
+    )
+    targets = torch.tensor([[0, 0, 2, 3, 1]])
+    mask = torch.tensor([[False, True, True, True, False]])
+
+    def ce(z, y):
+        return math.log(sum(math.exp(v) for v in z)) - z[y]
+
+    def ent(z, temp=0.5):
+        e = [math.exp(v / temp) for v in z]
+        p = [x / sum(e) for x in e]
+        return -sum(q * math.log(q) for q in p)
+
+    rows = logits[0].tolist()
+    want_ce = (ce(rows[1], 0) + ce(rows[2], 2) + ce(rows[3], 3)) / 3
+    want_ent = (ent(rows[1]) + ent(rows[3])) / 2  # only the correctly predicted masked tokens
+    terms = view_terms(logits, targets, mask, temperature=0.5)
+    assert terms.ce.item() == pytest.approx(want_ce, rel=1e-6)
+    assert terms.entropy.item() == pytest.approx(want_ent, rel=1e-6)
+    assert terms.n_masked.item() == 3 and terms.n_correct.item() == 2
+    # two views: the complement (position 2 only, wrong) adds CE and no entropy
+    mask_b = torch.tensor([[False, False, True, False, False]])
+    loss, st = certainty_forcing_loss(logits, logits, targets, mask, mask_b, beta=2.0)
+    assert loss.item() == pytest.approx(want_ce + ce(rows[2], 2) + 2.0 * want_ent, rel=1e-6)
+    # Dream: logits for token i are read at i - 1
+    shifted = torch.cat([logits[:, 1:], logits[:, :1]], 1)
+    assert view_terms(shifted, targets, mask, logit_shift=1).ce.item() == pytest.approx(want_ce, rel=1e-6)
+
+
+def reference_loss(la, lb, y, ma, mb, beta, temperature=0.5):
+    """dParallel's compute_loss at batch 1, written out as in the reference (log(p + 1e-12))."""
+    total = 0.0
+    for z, m in ((la, ma), (lb, mb)):
+        ce = torch.nn.functional.cross_entropy(z[m], y[m], reduction="sum") / m.sum() if m.any() else 0.0
+        p = torch.softmax(z / temperature, -1)
+        h = -(p * torch.log(p + 1e-12)).sum(-1)
+        correct = (z.argmax(-1) == y) & m
+        e = (h * correct).sum() / correct.sum().clamp(min=1) if correct.any() else 0.0
+        total = total + ce + beta * e
+    return torch.as_tensor(total)
+
+
+@pytest.mark.parametrize("shift", [0, 1])
+def test_per_example_loss_is_batch_size_invariant(shift):
+    ids, start, length = left_padded([5, 9, 3], [64, 32, 40])
+    b, t = ids.shape
+    v = complementary_views(ids, start, length, mask_id=MASK, generator=torch.Generator().manual_seed(1))
+    g = torch.Generator().manual_seed(2)
+    la, lb = torch.randn(b, t, 16, generator=g) * 3, torch.randn(b, t, 16, generator=g) * 3
+    y = ids % 16
+    la[0, :, 3] += 6 * (y[0] == 3)  # make some predictions correct so the entropy term is not empty
+    la[0] = la[0].scatter_add(-1, y[0, :, None], torch.full((t, 1), 5.0))
+    batch, _ = certainty_forcing_loss(la, lb, y, v.loss_a, v.loss_b, beta=2.0, logit_shift=shift)
+    for i in range(b):
+        s = int(start[i]) - 1  # the unpadded row (plus one prompt token)
+        z_a, z_b = la[i, s:], lb[i, s:]
+        if shift:  # token j's logits sit at j - 1 in the raw output
+            z_a, z_b = z_a[:-1], z_b[:-1]
+            yy, ma, mb = y[i, s + 1 :], v.loss_a[i, s + 1 :], v.loss_b[i, s + 1 :]
+        else:
+            yy, ma, mb = y[i, s:], v.loss_a[i, s:], v.loss_b[i, s:]
+        alone, _ = certainty_forcing_loss(z_a[None], z_b[None], yy[None], ma[None], mb[None], beta=2.0)
+        assert alone.item() == pytest.approx(batch[i].item(), rel=1e-6)
+        assert reference_loss(z_a, z_b, yy, ma, mb, 2.0).item() == pytest.approx(batch[i].item(), rel=1e-5)
+
+
+# ------------------------------------------------------------------------------------------------ model fixtures
+
+
+def with_tokenizer(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst)
+    write_tokenizer(dst)
+    return dst
+
+
+@pytest.fixture(scope="module")
+def llada_tok_dir(llada_dir, tmp_path_factory):
+    return with_tokenizer(llada_dir, tmp_path_factory.mktemp("cf") / "llada")
+
+
+@pytest.fixture(scope="module")
+def dream_tok_dir(dream_dir, tmp_path_factory):
+    return with_tokenizer(dream_dir, tmp_path_factory.mktemp("cf") / "dream")
+
+
+def write_trajectories(path: Path, n: int = 6, seed: int = 0) -> Path:
+    """Fake trajectories over the tiny vocabulary: the response copies the prompt (something learnable)."""
+    g = torch.Generator().manual_seed(seed)
+    path.mkdir(parents=True, exist_ok=True)
+    with open(path / "train.jsonl", "w") as f:
+        for i in range(n):
+            p = torch.randint(6, 40, (4 + i % 3,), generator=g).tolist()
+            gl = 64 if i % 2 else 32
+            resp = (p * gl)[: gl - 8] + [2] + [EOS] * 7
+            f.write(json.dumps({"task": "toy", "prompt_ids": p, "response_ids": resp, "text": ""}) + "\n")
+    return path
+
+
+# ------------------------------------------------------------------------------------------------ LoRA
+
+
+@pytest.mark.parametrize("arch", ["llada", "dream"])
+def test_lora_targets_and_merge(arch, llada_tok_dir, dream_tok_dir, tmp_path):
+    src = {"llada": llada_tok_dir, "dream": dream_tok_dir}[arch]
+    model, tok = dlm_decode.load_model(src)
+    base_keys = set(model.state_dict())
+    n_layers = model.config.num_hidden_layers if arch == "dream" else model.config.n_layers
+    peft_model = add_lora(model, rank=4)
+    wrapped = {n for n, m in peft_model.named_modules() if hasattr(m, "lora_A")}
+    wrapped = {n.removeprefix("base_model.model.") for n in wrapped}
+    if arch == "llada":
+        names = ("q_proj", "k_proj", "v_proj", "attn_out", "ff_proj", "up_proj", "ff_out")
+        want = {f"model.transformer.blocks.{i}.{p}" for i in range(n_layers) for p in names}
+        assert "model.transformer.ff_out" not in wrapped  # the LM head shares the name ff_out: must stay frozen
+    else:
+        names = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj")
+        names += ("mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+        want = {f"model.layers.{i}.{p}" for i in range(n_layers) for p in names}
+    assert wrapped == want
+    assert LORA_TARGETS[arch]
+    assert all(("lora_" in n) == p.requires_grad for n, p in peft_model.named_parameters())
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():  # B starts at zero (a no-op adapter); make the adapters matter
+        for n, p in peft_model.named_parameters():
+            if "lora_B" in n:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.3)
+    x = torch.tensor([[3, 7, 9, MASK, MASK, 12, MASK, 5]])
+    peft_logits = peft_model(input_ids=x).logits
+    base_logits = dlm_decode.load_model(src)[0](x).logits
+    assert not torch.allclose(peft_logits, base_logits, atol=1e-3)
+    merged = merge(peft_model)
+    assert set(merged.state_dict()) == base_keys  # official parameter names, no adapter left
+    torch.testing.assert_close(merged(x).logits, peft_logits, atol=1e-5, rtol=1e-5)
+    export(merged, tok, tmp_path / "export")
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in (tmp_path / "export").iterdir()}
+    reloaded, tok2 = dlm_decode.load_model(tmp_path / "export")
+    assert tok2 is not None
+    torch.testing.assert_close(reloaded(x).logits, peft_logits, atol=1e-5, rtol=1e-5)
+
+
+# ------------------------------------------------------------------------------------------------ training
+
+
+@pytest.mark.parametrize("arch", ["llada", "dream"])
+def test_gradient_is_the_same_for_any_micro_batch(arch, llada_tok_dir, dream_tok_dir, tmp_path):
+    src = {"llada": llada_tok_dir, "dream": dream_tok_dir}[arch]
+    rows = cf_train.load_trajectories(write_trajectories(tmp_path, n=3) / "train.jsonl")
+    model, tok = dlm_decode.load_model(src)
+    kw = dict(seed=0, step=5, mask_id=MASK, pad_id=EOS, arch=arch, beta=2.0)
+
+    def grads(chunks):
+        model.zero_grad()
+        for ex in chunks:
+            per_ex, _ = cf_train.example_losses(model, [rows[i] for i in ex], ex, **kw)
+            (per_ex.sum() / len(rows)).backward()
+        return torch.cat([p.grad.flatten() for p in model.parameters()])
+
+    one = grads([[0, 1, 2]])
+    three = grads([[0], [1], [2]])
+    torch.testing.assert_close(one, three, atol=1e-6, rtol=1e-4)
+
+
+def train_args(model_dir, traj, out, *extra):
+    return [
+        "--model", str(model_dir), "--traj", str(traj), "--out", str(out), "--lr", "1e-2", "--batch-size", "3",
+        "--micro-batch-size", "1", "--save-every", "2", "--lora-rank", "4", "--seed", "1", *extra,
+    ]  # fmt: skip
+
+
+def test_training_lowers_the_loss(llada_tok_dir, tmp_path):
+    traj = write_trajectories(tmp_path / "traj", n=3)
+    extra = []
+    if (SHARED_DATA / "waiting_line" / "copy.jsonl").is_file():  # exercise the periodic evaluation too
+        sample = json.loads((SHARED_DATA / "waiting_line" / "copy.jsonl").read_text().splitlines()[0])
+        row = {"task": "waiting_line/copy", "sample": json.dumps(sample), "messages": "[]", "max_new_tokens": 32}
+        (traj / "heldout.jsonl").write_text(json.dumps(row) + "\n")
+        extra = ["--eval-every", "8", "--eval-per-task", "1", "--data-dir", str(SHARED_DATA)]
+    summary = cf_train.main(train_args(llada_tok_dir, traj, tmp_path / "run", "--steps", "8", *extra))
+    rows = cf_train.load_trajectories(traj / "train.jsonl")
+    kw = dict(seed=9, step=0, mask_id=MASK, pad_id=EOS, arch="llada", beta=2.0)
+    with torch.no_grad():
+        before = cf_train.example_losses(dlm_decode.load_model(llada_tok_dir)[0], rows, [0, 1, 2], **kw)[0].mean()
+        after = cf_train.example_losses(dlm_decode.load_model(tmp_path / "run" / "export")[0], rows, [0, 1, 2], **kw)
+    assert after[0].mean() < 0.8 * before
+    log = [json.loads(x) for x in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log if "loss" in r] == list(range(1, 9))
+    if extra:
+        evals = [r for r in log if "eval" in r]
+        assert [r["step"] for r in evals] == [0, 8] and summary["eval"]["tasks"]["waiting_line/copy"]["nfe"] >= 1
+
+
+def test_interrupt_and_resume_is_bitwise_identical(dream_tok_dir, tmp_path):
+    traj = write_trajectories(tmp_path / "traj", n=7)  # 2 batches of 3 per epoch (1 row dropped): crosses epochs
+    cf_train.main(train_args(dream_tok_dir, traj, tmp_path / "full", "--steps", "5"))
+    assert cf_train.main(train_args(dream_tok_dir, traj, tmp_path / "cut", "--steps", "5", "--stop-after", "3")) == {
+        "step": 3
+    }
+    assert not (tmp_path / "cut" / "export").exists()
+    cf_train.main(train_args(dream_tok_dir, traj, tmp_path / "cut", "--steps", "5", "--resume"))
+    a = load_file(str(tmp_path / "full" / "export" / "model.safetensors"))
+    b = load_file(str(tmp_path / "cut" / "export" / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    base = load_file(str(dream_tok_dir / "model.safetensors"))
+    assert any(not torch.equal(a[k], base[k]) for k in a)  # training did change the weights
+    logs = [(tmp_path / d / "log.jsonl").read_text() for d in ("full", "cut")]
+    strip = [[{k: v for k, v in json.loads(x).items() if k != "elapsed"} for x in s.splitlines()] for s in logs]
+    assert strip[0] == strip[1]
