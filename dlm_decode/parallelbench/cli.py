@@ -1,0 +1,163 @@
+"""``dlm-decode parallelbench``: score a model on ParallelBench with any sampler and cache, sweep configs, plot.
+
+    dlm-decode parallelbench --model demo-llada --data DIR --tasks waiting_line/copy,waiting_line/shuffle \
+        --sampler threshold --sampler-opt threshold=0.9 --cache dual [--oracle] [--json]
+    dlm-decode parallelbench --model demo-llada --generate-seed 5 --limit 20            # regenerated tasks
+    dlm-decode parallelbench --model demo-llada --data DIR --sweep quick --out runs/pb.jsonl   # + PBx and plots
+    dlm-decode parallelbench --plot runs/pb.jsonl                                         # redraw the plots only
+
+The decoding flags are ``generate``'s (same parser); ``--gen-length`` defaults to each task's budget. ``--json`` prints
+one JSON object last: ``{"tasks": [{"task", "n", "score", "score_strict", "nfe", "tokens_per_step", "seconds",
+"tokens_per_second", "oracle_nfe", "nfe_ratio", "sampler", "cache", ...}], "summary", "skipped", ...}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from dlm_decode.cli import add_decoding_args, check_components, decoding_kwargs
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="demo-llada", help="shipped demo name or checkpoint directory")
+    data_help = "ParallelBench data directory (default: $DLM_PARALLELBENCH_DATA or ../shared/data/parallelbench)"
+    p.add_argument("--data", default=None, help=data_help + "; with --generate-seed only configs and names are read")
+    p.add_argument("--generate-seed", type=int, default=None, help="regenerate waiting-line and puzzle tasks offline")
+    p.add_argument("--tasks", default=None, help="comma-separated task names (default: every task of --data)")
+    p.add_argument("--limit", type=int, default=None, help="samples per task (first N; N generated)")
+    p.add_argument("--batch-size", type=int, default=8, help="rows decoded together (does not change answers)")
+    p.add_argument("--oracle", action="store_true", help="also compute the per-sample oracle NFE bound")
+    p.add_argument("--json", action="store_true", help="print one JSON object last")
+    p.add_argument("--outputs", action="store_true", help="with --json: include every sample's text, score, NFE")
+    p.add_argument("--list-tasks", action="store_true", help="list the tasks of --data and exit")
+    g = p.add_argument_group("sweeps")
+    g.add_argument("--sweep", default=None, metavar="GRID", help="grid name (paper, quick) or JSON grid file")
+    g.add_argument("--out", default=None, help="sweep JSONL (resumed when it exists); plots are written beside it")
+    g.add_argument("--no-plots", action="store_true", help="do not write PNG plots after a sweep")
+    g.add_argument("--plot", default=None, metavar="JSONL", help="only (re)draw the plots of a sweep file")
+    g.add_argument("--plot-task", default=None, help="task of the decoding-order heatmap (default: a copy task)")
+    add_decoding_args(p, gen_length=None)
+
+
+def _notice(msg: str) -> None:
+    print(f"notice: {msg}", file=sys.stderr)
+
+
+def _tasks(args: argparse.Namespace):
+    from dlm_decode.parallelbench.runner import load_tasks
+
+    names = [t.strip() for t in args.tasks.split(",") if t.strip()] if args.tasks else None
+    try:
+        return load_tasks(args.data, names, limit=args.limit, generate_seed=args.generate_seed)
+    except KeyError as e:  # unknown task names: a user error, reported like the others
+        raise ValueError(e.args[0]) from None
+
+
+def _load(args: argparse.Namespace):
+    import dlm_decode
+
+    def load():
+        return dlm_decode.load_model(args.model, dtype=args.dtype, device=args.device)
+
+    return load
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.plot:
+        from dlm_decode.parallelbench.plots import write_plots
+
+        for name, path in write_plots(args.plot, task=args.plot_task).items():
+            print(f"{name}: {path}")
+        return 0
+    if args.list_tasks:
+        from dlm_decode.parallelbench.runner import require_data_dir
+        from dlm_decode.parallelbench.tasks import list_tasks
+
+        print("\n".join(list_tasks(require_data_dir(args.data))))
+        return 0
+    if args.batch_size < 1:
+        raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
+    kw = decoding_kwargs(args)
+    if kw["sampler"] != "oracle":
+        check_components(kw)
+    tasks = _tasks(args)
+    if args.sweep:
+        return _run_sweep(args, kw, tasks)
+    return _run_once(args, kw, tasks)
+
+
+def _run_once(args: argparse.Namespace, kw: dict[str, Any], tasks) -> int:
+    from dlm_decode.parallelbench.runner import format_table, run_benchmark, summarize
+
+    model, tok = _load(args)()
+    if tok is None:
+        raise ValueError(f"{args.model} ships no tokenizer: ParallelBench needs one for its chat prompts")
+    results = run_benchmark(
+        model, tok, tasks, kw, batch_size=args.batch_size, oracle=args.oracle, progress=sys.stderr.isatty()
+    )
+    for r in results:
+        if r.skipped:
+            _notice(f"{r.task} not scored (skipped): {r.skipped}")
+    print(format_table(results))
+    if args.json:
+        done = [r for r in results if not r.skipped]
+        print(
+            json.dumps(
+                {
+                    "model": str(args.model),
+                    "source": _source(args),
+                    "decoding": {k: v for k, v in kw.items()},
+                    "tasks": [r.to_json(outputs=args.outputs) for r in done],
+                    "skipped": {r.task: r.skipped for r in results if r.skipped},
+                    "summary": summarize(results),
+                }
+            )
+        )
+    return 0
+
+
+def _source(args: argparse.Namespace) -> str:
+    from dlm_decode.parallelbench.runner import require_data_dir
+
+    data = str(require_data_dir(args.data))
+    return f"generated:{args.generate_seed}:{data}" if args.generate_seed is not None else f"data:{data}"
+
+
+def _run_sweep(args: argparse.Namespace, kw: dict[str, Any], tasks) -> int:
+    from dlm_decode.parallelbench.sweep import attach_oracle, expand_grid, format_sweep, load_grid, pbx, run_sweep
+
+    if not args.out:
+        raise ValueError("--sweep needs --out FILE.jsonl (rows are appended there and a rerun resumes)")
+    base = {k: v for k, v in kw.items() if k not in ("sampler", "sampler_options", "steps", "block_length")}
+    configs = expand_grid(load_grid(args.sweep), base)
+    meta = {"model": str(args.model), "source": _source(args), "limit": args.limit}
+    progress = sys.stderr.isatty()
+    rows = run_sweep(
+        _load(args),
+        tasks,
+        configs,
+        args.out,
+        base=base,
+        meta=meta,
+        batch_size=args.batch_size,
+        notice=_notice,
+        progress=progress,
+    )
+    rows = attach_oracle(rows)
+    print(format_sweep(rows))
+    plots = {}
+    if not args.no_plots and rows:
+        from dlm_decode.parallelbench.plots import write_plots
+
+        plots = {k: str(v) for k, v in write_plots(args.out, rows, task=args.plot_task).items()}
+        for name, path in plots.items():
+            print(f"{name}: {path}")
+    if args.json:
+        from dlm_decode.parallelbench.sweep import config_summary
+
+        summary = config_summary(rows)
+        print(json.dumps({"out": args.out, "rows": len(rows), "configs": summary, "pbx": pbx(rows), "plots": plots}))
+    return 0

@@ -1,0 +1,437 @@
+"""Run ParallelBench tasks through ``dlm_decode.generate`` and score them the benchmark's way.
+
+    from dlm_decode.parallelbench.runner import load_tasks, run_benchmark, format_table
+    tasks = load_tasks("/path/to/parallelbench", ["waiting_line/copy"], limit=8)          # or generate_seed=S
+    results = run_benchmark(model, tok, tasks, {"sampler": "threshold", "sampler_options": {"threshold": 0.9}})
+    print(format_table(results))
+
+The CLI is ``dlm-decode parallelbench`` (:mod:`dlm_decode.parallelbench.cli`).
+
+Per task: every sample's chat is built by ``build_messages`` and rendered by the model's chat template inside
+``generate(chat=True)``; rows are decoded ``batch_size`` at a time, sorted by prompt length to cut padding (a padded
+row decodes exactly as it would alone, so batching never changes an answer). ``gen_length`` is the task's
+``max_new_tokens`` (32 waiting line, 64 puzzles and text) unless the decoding options set one; a block longer than the
+generation is clipped to it. ``k`` (tokens per step of the fixed-budget samplers) sets ``steps = gen_length // k``
+per task. Scores come from ``score_sample`` (lenient and strict, mean x 100). NFE is the mean over samples of the
+forwards each row took part in; tokens per step is the paper's ``max_tokens / NFE`` on that mean. Text tasks whose
+metric is unavailable are not decoded: they come back with ``skipped`` set and the CLI prints a notice.
+
+Oracle bound (Learn2PD's "extremely greedy parallel", ALGORITHMS.md section 5): decode one token per step
+(``low_confidence``, ``steps = gen_length``, same block length, no cache, temperature 0) to get the reference ``y``;
+re-decode unmasking, at every step, exactly the masked block slots whose current argmax equals ``y``. When no slot
+matches, the masked block slot giving ``y`` the highest probability is committed (with its ``y`` token), so every step
+commits at least one token and the oracle reproduces ``y`` exactly: its score is the one-token-per-step score and its
+NFE is the per-sample bound every sampler's NFE is read against. A registered ``oracle`` sampler taking a
+``reference`` option is used when present (:func:`make_oracle`); otherwise :class:`ReferenceOracle` below.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+from tqdm.auto import tqdm
+
+from dlm_decode.core.state import DecodeState
+from dlm_decode.parallelbench.generator import generate_task, load_names, sample_key
+from dlm_decode.parallelbench.metrics import MetricUnavailable, score_sample
+from dlm_decode.parallelbench.tasks import Task, list_tasks, load_task, max_new_tokens, task_kind
+from dlm_decode.samplers.base import SAMPLERS, Sampler, Selection, candidates, top_k_per_row
+
+DATA_ENV = "DLM_PARALLELBENCH_DATA"
+GENERATABLE_KINDS = ("waiting_line", "puzzle")
+
+
+# ------------------------------------------------------------------------------------------------ tasks
+
+
+def default_data_dir() -> Path | None:
+    """``$DLM_PARALLELBENCH_DATA``, else ``../shared/data/parallelbench`` beside the repository, else None."""
+    env = os.environ.get(DATA_ENV)
+    if env:
+        return Path(env)
+    here = Path(__file__).resolve().parents[3] / "shared" / "data" / "parallelbench"
+    return here if here.is_dir() else None
+
+
+def require_data_dir(data_dir: str | Path | None) -> Path:
+    path = Path(data_dir) if data_dir is not None else default_data_dir()
+    if path is None:
+        raise FileNotFoundError(
+            "no ParallelBench data directory: pass --data DIR (official files: task_config.yaml per group and the "
+            f"names file; needed for the task prompts even with --generate-seed) or set ${DATA_ENV}"
+        )
+    if not path.is_dir():
+        raise FileNotFoundError(f"ParallelBench data directory not found: {str(path)!r}")
+    return path
+
+
+def task_seed(seed: int, name: str) -> int:
+    """One seed per task derived from a run seed (stable across Python versions and processes)."""
+    return int(hashlib.sha256(f"{seed}:{name}".encode()).hexdigest()[:12], 16)
+
+
+def load_tasks(
+    data_dir: str | Path | None,
+    names: list[str] | None = None,
+    *,
+    limit: int | None = None,
+    generate_seed: int | None = None,
+    exclude_official: bool = False,
+) -> list[Task]:
+    """Tasks from the official files under ``data_dir``, or regenerated from their configs with ``generate_seed``.
+
+    ``names`` defaults to every task of ``data_dir`` (every waiting-line and puzzle task when generating). Generated
+    tasks have ``limit`` samples (default: the config's ``num_samples``), drawn with ``task_seed(generate_seed, name)``;
+    ``exclude_official`` skips any generated sample whose input equals an official test sample's.
+    """
+    root = require_data_dir(data_dir)
+    if generate_seed is None:
+        return [load_task(root, n, limit) for n in (names or list_tasks(root))]
+    if names is None:
+        names = [n for n in list_tasks(root) if task_kind(n) in GENERATABLE_KINDS]
+    out = []
+    for name in names:
+        official = load_task(root, name, limit=None if exclude_official else 0)
+        people = None
+        if task_kind(name) == "waiting_line":
+            people = load_names(root / official.config.get("words", "first_last_names.yaml"))
+        exclude = {sample_key(s) for s in official.samples}
+        seed = task_seed(generate_seed, name)
+        samples = generate_task(name, official.config, people, n=limit, seed=seed, exclude=exclude)
+        out.append(Task(name=name, config=official.config, samples=samples))
+    return out
+
+
+def skip_reason(task: Task) -> str | None:
+    """Why a task cannot be scored here (text metrics), or None."""
+    if not task.samples:
+        return "no samples"
+    try:
+        score_sample(task.config if "metric" in task.config else task.name, "", task.samples[0])
+    except MetricUnavailable as e:
+        return str(e)
+    return None
+
+
+# ------------------------------------------------------------------------------------------------ oracle
+
+
+@dataclass(frozen=True)
+class ReferenceOracle(Sampler):
+    """Learn2PD's oracle: commit the masked block slots whose argmax equals the reference (at least one per step)."""
+
+    name: ClassVar[str] = "oracle"
+    reference: torch.Tensor | None = None  # [B, L] reference tokens of the generation slots
+
+    def select(self, state: DecodeState, logits: torch.Tensor, r0: int) -> Selection:
+        if self.reference is None:
+            raise ValueError("the oracle needs the reference answer (reference=[B, L] token ids)")
+        r1 = r0 + logits.shape[1]
+        p = state.prompt_len
+        ref = self.reference.to(state.device)[:, r0 - p : r1 - p]  # [B, R]
+        cand = candidates(state, r0, r1)
+        x0 = logits.masked_fill(_mask_col(logits, state.mask_id), float("-inf")).argmax(-1)  # [B, R]
+        match = (x0 == ref) & cand
+        p_ref = torch.log_softmax(logits.double(), -1).gather(-1, ref[..., None]).squeeze(-1)  # [B, R]
+        best = top_k_per_row(torch.where(cand, p_ref, float("-inf")), cand.any(1).long())
+        commit = match | (best & ~match.any(1, keepdim=True))
+        return Selection(commit=commit & cand, tokens=ref)
+
+
+def _mask_col(logits: torch.Tensor, mask_id: int) -> torch.Tensor:
+    col = torch.zeros(logits.shape[-1], dtype=torch.bool, device=logits.device)
+    if 0 <= mask_id < logits.shape[-1]:
+        col[mask_id] = True
+    return col
+
+
+def make_oracle(reference: torch.Tensor) -> Sampler:
+    """The library's oracle sampler (registered as ``oracle``, or ``dlm_decode.samplers.oracle.Oracle``) fed with
+    the reference answer; :class:`ReferenceOracle` when neither exists or takes a ``reference``."""
+    cls = None
+    if "oracle" in SAMPLERS:
+        from dlm_decode.options import resolve
+
+        cls = resolve(SAMPLERS, "oracle", "sampler")
+    else:
+        try:
+            from dlm_decode.samplers.oracle import Oracle as cls
+        except ImportError:
+            cls = None
+    if cls is not None and "reference" in {f.name for f in dataclasses.fields(cls)}:
+        return cls(reference=tuple(tuple(row) for row in reference.tolist()))
+    return ReferenceOracle(reference=reference)
+
+
+def reference_kwargs(kw: dict[str, Any]) -> dict[str, Any]:
+    """One token per step with the run's gen length and block length: the oracle's reference decode."""
+    keep = ("gen_length", "block_length", "seed", "cfg_scale")
+    ref = {k: kw[k] for k in keep if k in kw}
+    one_per_step = {"sampler": "low_confidence", "sampler_options": {}, "steps": ref["gen_length"]}
+    return ref | one_per_step | {"cache": "none", "cache_options": {}, "temperature": 0.0}
+
+
+# ------------------------------------------------------------------------------------------------ running
+
+
+@dataclass
+class TaskResult:
+    """One task under one decoding configuration (``to_json`` gives the CLI's per-task entry)."""
+
+    task: str
+    n: int
+    gen_length: int
+    score: float | None = None  # mean x 100 (None: not scored)
+    score_strict: float | None = None
+    nfe: float | None = None  # mean forwards per sample
+    tokens_per_step: float | None = None  # gen_length / nfe
+    seconds: float = 0.0  # decoding time of the task (all batches)
+    tokens_per_second: float | None = None  # n * gen_length / seconds
+    errors: int = 0  # rows that stopped with an error (scored 0)
+    oracle_nfe: float | None = None
+    oracle_score: float | None = None
+    skipped: str | None = None
+    sampler: dict[str, Any] = field(default_factory=dict)
+    cache: dict[str, Any] = field(default_factory=dict)
+    outputs: list[dict[str, Any]] = field(default_factory=list)  # per sample: text, score, nfe
+    trace: list[int] | None = None  # decoding order of the task's first sample: step that committed each slot
+
+    @property
+    def nfe_ratio(self) -> float | None:
+        return self.nfe / self.oracle_nfe if self.nfe and self.oracle_nfe else None
+
+    def to_json(self, outputs: bool = False) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["nfe_ratio"] = self.nfe_ratio
+        if not outputs:
+            d.pop("outputs")
+        return d
+
+
+def task_kwargs(decoding: dict[str, Any], task: str, k: int | None = None) -> dict[str, Any]:
+    """Generate keyword arguments for one task: its gen length, the block clipped to it, steps from ``k``."""
+    kw = dict(decoding)
+    gen = kw.get("gen_length") or max_new_tokens(task)
+    kw["gen_length"] = gen
+    if kw.get("block_length") and kw["block_length"] > gen:
+        kw["block_length"] = gen
+    if k is not None:
+        if k < 1 or gen % k:
+            raise ValueError(f"{task}: tokens per step k={k} must divide gen_length {gen}")
+        kw["steps"] = gen // k
+    return kw
+
+
+def check_task_kwargs(kw: dict[str, Any], task: str) -> None:
+    """The checks ``generate`` makes before model work, so a bad configuration fails before any decoding."""
+    from dlm_decode.cache import get_cache
+    from dlm_decode.core.config import DecodeConfig
+    from dlm_decode.samplers import get_sampler
+
+    cfg = DecodeConfig(**{f.name: kw[f.name] for f in dataclasses.fields(DecodeConfig) if f.name in kw})
+    get_cache(kw.get("cache"), kw.get("cache_options"))
+    if kw.get("sampler") == "oracle" and "oracle" not in SAMPLERS:
+        return
+    smp = get_sampler(kw.get("sampler", "low_confidence"), kw.get("sampler_options"))
+    block = cfg.block_length or (min(32, cfg.gen_length) if smp.blockwise else cfg.gen_length)
+    if cfg.gen_length % block:
+        raise ValueError(f"{task}: gen_length ({cfg.gen_length}) must be a multiple of block_length ({block})")
+    smp.check(cfg, cfg.gen_length // block)
+
+
+def _is_reference(kw: dict[str, Any]) -> bool:
+    ref = reference_kwargs(kw)
+    same = all(kw.get(k) == v for k, v in ref.items() if k not in ("sampler_options", "cache_options"))
+    return same and not kw.get("sampler_options") and not kw.get("cache_options") and not kw.get("stop_at_eos")
+
+
+def run_task(
+    model: Any,
+    tokenizer: Any,
+    task: Task,
+    decoding: dict[str, Any] | None = None,
+    *,
+    k: int | None = None,
+    batch_size: int = 8,
+    oracle: bool = False,
+    progress: bool = False,
+) -> TaskResult:
+    """Decode and score every sample of ``task``. ``decoding``: ``generate`` keyword arguments (sampler, cache,
+    block_length, steps, temperature, seed, ...); ``sampler="oracle"`` runs the oracle itself as the method."""
+    import dlm_decode
+
+    kw = task_kwargs(decoding or {}, task.name, k)
+    gen = kw["gen_length"]
+    reason = skip_reason(task)
+    if reason is not None:
+        return TaskResult(task.name, len(task), gen, skipped=reason)
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    as_oracle = kw.get("sampler") == "oracle" and "reference" not in (kw.get("sampler_options") or {})
+    want_oracle = oracle or as_oracle
+    chats = [task.messages(i) for i in range(len(task))]
+    order = sorted(range(len(chats)), key=lambda i: sum(len(m["content"]) for m in chats[i]))
+    texts: list[str] = [""] * len(chats)
+    nfe = [0] * len(chats)
+    oracle_nfe = [0] * len(chats)
+    ref_texts: list[str] = [""] * len(chats)
+    errors, seconds = 0, 0.0
+    trace0 = None
+    result = TaskResult(task.name, len(task), gen)
+    bar = tqdm(total=len(chats), desc=task.name, disable=not progress, leave=False)
+    for b0 in range(0, len(order), batch_size):
+        idx = order[b0 : b0 + batch_size]
+        batch = [chats[i] for i in idx]
+        ref = None
+        if want_oracle or _is_reference(kw):
+            ref = dlm_decode.generate(model, batch, tokenizer=tokenizer, chat=True, trace=True, **reference_kwargs(kw))
+        if want_oracle:
+            okw = {**reference_kwargs(kw), "sampler": make_oracle(ref.generated), "sampler_options": None}
+            orc = dlm_decode.generate(model, batch, tokenizer=tokenizer, chat=True, trace=True, **okw)
+            if not torch.equal(orc.generated, ref.generated):
+                raise RuntimeError(f"{task.name}: the oracle did not reproduce its reference answer")
+            for j, i in enumerate(idx):
+                oracle_nfe[i] = orc.rows[j].nfe
+                ref_texts[i] = ref.rows[j].text or ""
+        if as_oracle:
+            out = orc
+            out.seconds += ref.seconds  # the bound needs both passes
+        elif ref is not None and _is_reference(kw):
+            out = ref
+        else:
+            out = dlm_decode.generate(model, batch, tokenizer=tokenizer, chat=True, trace=True, **kw)
+        seconds += out.seconds
+        result.sampler = {} if as_oracle else out.sampler
+        result.cache = out.cache
+        for j, i in enumerate(idx):
+            row = out.rows[j]
+            texts[i], nfe[i] = row.text or "", row.nfe
+            errors += row.error is not None
+            if i == 0:
+                trace0 = out.trace[j].tolist()
+        bar.update(len(idx))
+    bar.close()
+    scores = [score_sample(_metric_key(task), texts[i], task.samples[i]) for i in range(len(task))]
+    n = len(task)
+    result.score = 100.0 * sum(s["score"] for s in scores) / n
+    result.score_strict = 100.0 * sum(s["score_strict"] for s in scores) / n
+    result.nfe = sum(nfe) / n
+    result.tokens_per_step = gen / result.nfe if result.nfe else None
+    result.seconds = seconds
+    result.tokens_per_second = n * gen / seconds if seconds > 0 else None
+    result.errors = errors
+    result.trace = trace0
+    result.outputs = [{"text": texts[i], "score": scores[i]["score"], "nfe": nfe[i]} for i in range(n)]
+    if as_oracle:
+        result.sampler = {"name": "oracle"}
+    if want_oracle:
+        result.oracle_nfe = sum(oracle_nfe) / n
+        ref_scores = [score_sample(_metric_key(task), ref_texts[i], task.samples[i])["score"] for i in range(n)]
+        result.oracle_score = 100.0 * sum(ref_scores) / n
+    return result
+
+
+def _metric_key(task: Task) -> Any:
+    return task.config if "metric" in task.config else task.name
+
+
+def run_benchmark(
+    model: Any,
+    tokenizer: Any,
+    tasks: list[Task],
+    decoding: dict[str, Any] | None = None,
+    *,
+    k: int | None = None,
+    batch_size: int = 8,
+    oracle: bool = False,
+    progress: bool = False,
+) -> list[TaskResult]:
+    """``run_task`` over ``tasks`` after checking the configuration against every task (fails before any work)."""
+    for t in tasks:
+        check_task_kwargs(task_kwargs(decoding or {}, t.name, k), t.name)
+    return [
+        run_task(model, tokenizer, t, decoding, k=k, batch_size=batch_size, oracle=oracle, progress=progress)
+        for t in tasks
+    ]
+
+
+# ------------------------------------------------------------------------------------------------ reporting
+
+
+def summarize(results: list[TaskResult]) -> dict[str, Any]:
+    """Means over the scored tasks (scores x 100, NFE, tokens per step) and totals."""
+    done = [r for r in results if r.skipped is None and r.score is not None]
+    if not done:
+        return {"tasks": 0}
+
+    def mean(vals: list[float | None]) -> float | None:
+        vals = [v for v in vals if v is not None]
+        return sum(vals) / len(vals) if vals else None
+
+    seconds = sum(r.seconds for r in done)
+    tokens = sum(r.n * r.gen_length for r in done)
+    return {
+        "tasks": len(done),
+        "score": mean([r.score for r in done]),
+        "score_strict": mean([r.score_strict for r in done]),
+        "nfe": mean([r.nfe for r in done]),
+        "tokens_per_step": mean([r.tokens_per_step for r in done]),
+        "oracle_nfe": mean([r.oracle_nfe for r in done]),
+        "oracle_tokens_per_step": mean([r.gen_length / r.oracle_nfe for r in done if r.oracle_nfe]),
+        "seconds": seconds,
+        "tokens_per_second": tokens / seconds if seconds > 0 else None,
+        "errors": sum(r.errors for r in done),
+    }
+
+
+def _fmt(v: Any, digits: int = 1) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.{digits}f}"
+    return str(v)
+
+
+def format_table(results: list[TaskResult]) -> str:
+    """Per-task table (task, n, score, strict, NFE, tokens/step, seconds; oracle columns when computed)."""
+    with_oracle = any(r.oracle_nfe is not None for r in results)
+    head = ["task", "n", "score", "strict", "NFE", "tok/step", "seconds"]
+    if with_oracle:
+        head += ["oracle NFE", "NFE/oracle"]
+    rows = []
+    for r in results:
+        if r.skipped is not None:
+            rows.append([r.task, str(r.n), "skipped", "", "", "", ""] + (["", ""] if with_oracle else []))
+            continue
+        row = [r.task, str(r.n), _fmt(r.score), _fmt(r.score_strict), _fmt(r.nfe, 2), _fmt(r.tokens_per_step, 2)]
+        row.append(_fmt(r.seconds, 2))
+        if with_oracle:
+            row += [_fmt(r.oracle_nfe, 2), _fmt(r.nfe_ratio, 2)]
+        rows.append(row)
+    s = summarize(results)
+    if s.get("tasks", 0) > 1:
+        row = ["mean", "", _fmt(s["score"]), _fmt(s["score_strict"]), _fmt(s["nfe"], 2)]
+        row += [_fmt(s["tokens_per_step"], 2), _fmt(s["seconds"], 2)]
+        if with_oracle:
+            ratio = s["nfe"] / s["oracle_nfe"] if s["oracle_nfe"] else None
+            row += [_fmt(s["oracle_nfe"], 2), _fmt(ratio, 2)]
+        rows.append(row)
+    return render_table(head, rows)
+
+
+def render_table(head: list[str], rows: list[list[str]]) -> str:
+    """Plain aligned columns: text left-aligned in the first column, the rest right-aligned."""
+    widths = [max(len(str(x)) for x in col) for col in zip(head, *rows, strict=False)]
+
+    def line(cells: list[str]) -> str:
+        pairs = enumerate(zip(cells, widths, strict=True))
+        parts = [str(c).ljust(w) if i == 0 else str(c).rjust(w) for i, (c, w) in pairs]
+        return "  ".join(parts).rstrip()
+
+    return "\n".join([line(head), line(["-" * w for w in widths])] + [line(r) for r in rows])
