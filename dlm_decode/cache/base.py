@@ -18,6 +18,13 @@ from dlm_decode.options import build, resolve
 
 CACHES: dict[str, str] = {
     "none": "dlm_decode.cache.base:NoCache",
+    "prefix": "dlm_decode.cache.prefix:PrefixCache",
+    "dual": "dlm_decode.cache.dual:DualCache",
+    "dkv_decode": "dlm_decode.cache.dkv:DKVDecode",
+    "dkv_greedy": "dlm_decode.cache.dkv:DKVGreedy",
+    "dkv_prefill": "dlm_decode.cache.dkv:DKVPrefill",
+    "dkv_pd": "dlm_decode.cache.dkv:DKVPrefillDecode",
+    "window": "dlm_decode.cache.window:WindowCache",
 }
 
 
@@ -28,6 +35,10 @@ class StepPlan:
     key_index: torch.Tensor | None = None  # [B, W] slots whose K/V the queries attend to (pruning)
     write: bool = True  # False: attend to the fresh K/V of the computed slots without storing them
     refresh: bool = False  # True when this step recomputes every slot (statistics)
+    # [B, T] bool: the only slots the sampler may commit this step (the policy computed their logits; the loop gives
+    # the region's other slots flat logits and never commits them). None: every masked slot of the region. Must be
+    # None at the block's last allowed step (``state.block_limit``), where the loop finishes the block.
+    candidates: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,102 @@
+"""Building blocks shared by the cache policies: compute sets as slices or padded ``[B, Q]`` index tensors.
+
+A policy describes what to recompute as a ``[B, T]`` bool mask (``need``); ``compute_from_mask`` turns it into the
+cheapest form ``denoise`` accepts: one slice when every row needs the same contiguous run of slots (batch 1 nearly
+always), else per-row sorted slot ids padded to a common ``Q`` with duplicates of the row's last id. Duplicates never
+change a result: the store holds each slot once (the duplicate writes the same K/V again), keys are read from the
+store, and the region lookup takes the first copy. Padding with extra real slots would refresh their K/V and make a
+row's output depend on its batch mates.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from dlm_decode.cache.base import StepPlan
+from dlm_decode.core.state import DecodeState
+
+
+def full_plan(state: DecodeState) -> StepPlan:
+    """Recompute every slot and store all K/V (a refresh)."""
+    return StepPlan(compute=slice(0, state.total_length), key_mask=state.key_mask(), refresh=True)
+
+
+def refresh_due(state: DecodeState, interval: int | None) -> bool:
+    """Refresh at each block start and, with an interval, every ``interval`` steps of the block."""
+    return state.block_step == 0 or (interval is not None and state.block_step % interval == 0)
+
+
+def slots(state: DecodeState) -> torch.Tensor:  # [T]
+    return torch.arange(state.total_length, device=state.device)
+
+
+def block_starts(state: DecodeState) -> torch.Tensor:  # [B] each row's own block start
+    starts = getattr(state, "block_starts", None)
+    if starts is None:
+        return torch.full((state.batch,), state.block_start, dtype=torch.long, device=state.device)
+    return starts
+
+
+def region_mask(state: DecodeState, region: tuple[int, int]) -> torch.Tensor:  # [B, T]
+    idx = slots(state)
+    return ((idx >= region[0]) & (idx < region[1])).expand(state.batch, -1)
+
+
+def with_predecessors(targets: torch.Tensor, shift: int) -> torch.Tensor:  # [B, T]
+    """``targets`` plus the slots whose hidden states predict them (slot i - shift; Dream: shift 1)."""
+    if shift == 0:
+        return targets
+    out = targets.clone()
+    out[:, :-shift] |= targets[:, shift:]
+    return out
+
+
+def dilate(mask: torch.Tensor, radius: int) -> torch.Tensor:  # [B, T] -> slots within ``radius`` of a True slot
+    if radius == 0:
+        return mask
+    pooled = F.max_pool1d(mask[:, None].float(), kernel_size=2 * radius + 1, stride=1, padding=radius)
+    return pooled[:, 0] > 0
+
+
+def mask_ranks(masked: torch.Tensor) -> torch.Tensor:  # [B, T]: 1 for a row's first MASK, 2 for its second, ...
+    return masked.long().cumsum(1) * masked
+
+
+def rows_to_index(need: torch.Tensor) -> torch.Tensor:
+    """[B, T] bool -> [B, Q] sorted slot ids per row, Q = the largest row count, padded with the row's last id.
+
+    A row that needs nothing (finished) computes the last slot Q times; nothing reads its result.
+    """
+    b, t = need.shape
+    counts = need.sum(1)  # [B]
+    q = max(int(counts.max()), 1)
+    col = torch.where(need, need.long().cumsum(1) - 1, q)  # [B, T] target column; q collects the unneeded
+    out = torch.full((b, q + 1), t - 1, dtype=torch.long, device=need.device)
+    out.scatter_(1, col, torch.arange(t, device=need.device).expand(b, t))
+    out = out[:, :q]
+    last = out.gather(1, (counts - 1).clamp(min=0)[:, None])  # [B, 1]
+    last = torch.where(counts[:, None] > 0, last, t - 1)
+    return torch.where(torch.arange(q, device=need.device)[None, :] < counts[:, None], out, last)
+
+
+def compute_from_mask(need: torch.Tensor, state: DecodeState, region: tuple[int, int]) -> slice | torch.Tensor:
+    """A slice when every row needs the same contiguous run of slots and it holds the hidden state behind every
+    region slot (``denoise`` insists on that for slices), else ``rows_to_index(need)``."""
+    t = need.shape[1]
+    idx = torch.arange(t, device=need.device)
+    lo = torch.where(need, idx, t).min(1).values  # [B]
+    hi = torch.where(need, idx + 1, 0).max(1).values
+    stats = torch.stack([lo.min(), lo.max(), hi.min(), hi.max(), (need.sum(1) - (hi - lo)).abs().max()]).tolist()
+    c0, c1 = stats[0], stats[2]
+    shared = stats[0] == stats[1] and stats[2] == stats[3] and stats[4] == 0 and c1 > c0
+    covers = c0 <= max(region[0] - state.logit_shift, 0) and c1 >= region[1] - state.logit_shift
+    return slice(c0, c1) if shared and covers else rows_to_index(need)
+
+
+def keys_from_mask(keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[B, T] visible keys -> key_index [B, W] and key_mask [B, W] (padding entries hidden, never duplicated)."""
+    index = rows_to_index(keys)
+    counts = keys.sum(1, keepdim=True)
+    visible = torch.arange(index.shape[1], device=keys.device)[None, :] < counts
+    return index, visible

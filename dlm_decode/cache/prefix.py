@@ -1,0 +1,58 @@
+"""Prefix KV cache (Wu et al. 2025, "Fast-dLLM: Training-free Acceleration of Diffusion LLM by Enabling KV Cache and
+Parallel Decoding"), an approximate cache for block-wise decoding.
+
+Reference: ``generate_with_prefix_cache`` in Fast-dLLM's ``llada/generate.py``. The first step of every block is a
+full forward: its logits decide that step's commits and its K/V of the slots before the block become the cache.
+Every later step of the block runs ``x[:, s:]`` (the block and everything after it) against the cached prefix; the
+block's and the suffix's K/V are recomputed each step, never reused. At temperature 0 in fp32 the tokens equal the
+reference for ``low_confidence`` (fixed schedule), ``threshold`` and ``factor``, batch of one and batch of equal-length
+prompts (``tests/test_caches.py`` against ``tests/reference_cached_generate.py``).
+
+Differences, on purpose: the loop's step bound finishes a block (never a MASK left, whatever ``steps``); with Dream's
+shifted logits the slot before the block is recomputed too, because its hidden state predicts the block's first
+slot (Fast-dLLM's Dream code instead shifts inside the recomputed window, so the block's first slot is predicted by
+its own hidden state); rows whose blocks start at different slots (variable blocks) each compute from their own
+start. ``refresh_interval`` (not in the reference; default off) adds full refreshes every that many steps of a block;
+1 reproduces decoding without a cache.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from dlm_decode.cache.base import CachePolicy, StepPlan
+from dlm_decode.cache.plans import (
+    block_starts,
+    compute_from_mask,
+    full_plan,
+    refresh_due,
+    region_mask,
+    slots,
+    with_predecessors,
+)
+from dlm_decode.core.state import DecodeState
+
+
+def check_interval(owner: str, key: str, value: int | None) -> None:
+    """Raise unless ``value`` is None or an integer >= 1."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ValueError(f"cache {owner!r}: {key} must be an integer >= 1 (or None), got {value!r}")
+
+
+@dataclass(frozen=True)
+class PrefixCache(CachePolicy):
+    refresh_interval: int | None = None  # extra full refreshes every N steps of a block (None: block start only)
+
+    name: ClassVar[str] = "prefix"
+
+    def __post_init__(self) -> None:
+        check_interval(self.name, "refresh_interval", self.refresh_interval)
+
+    def plan(self, state: DecodeState, region: tuple[int, int]) -> StepPlan:
+        if refresh_due(state, self.refresh_interval):
+            return full_plan(state)
+        starts = block_starts(state) - state.logit_shift  # [B]
+        need = slots(state)[None, :] >= starts[:, None]  # [B, T]: the block and everything after it
+        need = need | with_predecessors(region_mask(state, region) & state.is_masked(), state.logit_shift)
+        return StepPlan(compute=compute_from_mask(need, state, region), key_mask=state.key_mask())

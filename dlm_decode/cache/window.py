@@ -1,0 +1,100 @@
+"""Window-Diffusion cache: phases of full refresh, then pruned steps over a local window.
+
+Reference: vhicrgit/Window-Diffusion (``llada/llada_window_diffusion.py``, ``generate`` with ``window_size`` = the
+refresh cycle, ``window_tokens``, ``active_tokens``). Decoding runs in phases of ``refresh_cycle`` steps. A phase's
+first step is one full forward that stores every slot's K/V (its logits decide that step's commits, over every
+masked slot). After that step the **window** is fixed for the phase: every decoded token (prompt included) plus the
+first ``window_tokens`` masks; masks farther right (the far field) are dropped from attention. Every other step of
+the phase runs only the **active** slots -- the first ``active_tokens`` masks, the tokens decoded during the phase
+(and, once, the tokens decoded by the phase's full step) -- whose fresh K/V are written back, against the cached
+window; only the active masks may be committed (``StepPlan.candidates``).
+
+Differences, on purpose: the reference has no blocks; here phases restart at every block start (with the reference's
+single block, ``block_length = gen_length``, that is the same) so a row decodes alike alone and in a batch. Queries
+also see their own fresh keys when an active slot lies outside the window (the reference drops them; identical
+whenever the phase decodes fewer than ``window_tokens - active_tokens`` tokens). At a block's last allowed step every
+masked slot of the sampler's region is computed too, so the loop can finish the block. With Dream's shift the slot
+before each active mask is computed as well. The reference's Dream variant commits only the first mask at a full
+step; we follow the LLaDA variant for both models. Sampler counts are unchanged (a fixed schedule or Dream's count
+still counts every mask); a count larger than the active masks commits only those. ``refresh_cycle=1`` refreshes
+every step and reproduces decoding without a cache.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+
+from dlm_decode.cache.base import CachePolicy, StepPlan
+from dlm_decode.cache.plans import (
+    compute_from_mask,
+    full_plan,
+    keys_from_mask,
+    mask_ranks,
+    region_mask,
+    with_predecessors,
+)
+from dlm_decode.core.state import DecodeState
+
+
+@dataclass(frozen=True)
+class WindowCache(CachePolicy):
+    refresh_cycle: int = 32  # steps per phase (one full forward each)
+    window_tokens: int = 64  # masks kept visible in attention during a phase (besides every decoded token)
+    active_tokens: int = 16  # masks recomputed (and committable) at each pruned step
+
+    name: ClassVar[str] = "window"
+
+    def __post_init__(self) -> None:
+        for key in ("refresh_cycle", "window_tokens", "active_tokens"):
+            v = getattr(self, key)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"cache {self.name!r}: {key} must be an integer >= 1, got {v!r}")
+
+    def _memory(self, state: DecodeState) -> dict[str, Any]:
+        mem = state.scratch.get(f"cache/{self.name}")
+        if mem is None:  # one set of [B, T] buffers per call, reused in place
+            z = torch.zeros_like(state.valid)
+            mem = {k: z.clone() for k in ("window", "phase_decoded", "once", "masked")}
+            mem["phase_start"] = False
+            state.scratch[f"cache/{self.name}"] = mem
+        return mem
+
+    def plan(self, state: DecodeState, region: tuple[int, int]) -> StepPlan:
+        mem = self._memory(state)
+        masked = state.is_masked()
+        mem["masked"].copy_(masked)
+        start = state.block_step % self.refresh_cycle == 0
+        mem["phase_start"] = start
+        if start:
+            return full_plan(state)
+        live = state.valid & ~state.finished[:, None]
+        in_region = region_mask(state, region)
+        active = masked & (mask_ranks(masked) <= self.active_tokens) & live  # [B, T]
+        if state.block_step + 1 >= state.block_limit:  # last allowed step: every region mask, nothing restricted
+            targets, candidates = active | (masked & in_region), None
+        else:
+            targets, candidates = active, active
+        need = targets | with_predecessors(targets & in_region, state.logit_shift)
+        need = (need | mem["phase_decoded"] | mem["once"]) & live
+        key_index, key_mask = keys_from_mask((mem["window"] | need) & state.valid)
+        return StepPlan(
+            compute=compute_from_mask(need, state, region),
+            key_mask=key_mask,
+            key_index=key_index,
+            candidates=candidates,
+        )
+
+    def after_step(self, state: DecodeState, committed: torch.Tensor) -> None:
+        mem = self._memory(state)
+        masked = state.is_masked()
+        decoded = mem["masked"] & ~masked  # committed or filled during this step
+        if mem["phase_start"]:
+            mem["window"].copy_(state.valid & (~masked | (mask_ranks(masked) <= self.window_tokens)))
+            mem["once"].copy_(decoded)
+            mem["phase_decoded"].zero_()
+        else:
+            mem["phase_decoded"] |= decoded
+            mem["once"].zero_()
