@@ -183,7 +183,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
-    from accelerate import Accelerator, PartialState
+    from accelerate import Accelerator
     from tqdm.auto import tqdm
     from transformers import get_constant_schedule_with_warmup, get_cosine_schedule_with_warmup
 
@@ -192,15 +192,23 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from certainty_forcing.lora import add_lora, export, merge
 
     torch.set_num_threads(args.threads)
-    world = PartialState().num_processes
+    # the scheduler is stepped once per optimizer step by hand (accelerate would step it once per process)
+    accelerator = Accelerator(step_scheduler_with_optimizer=False)
+    world = accelerator.num_processes
     if args.batch_size % (args.micro_batch_size * world):
         raise ValueError(
             f"--batch-size {args.batch_size} must be a multiple of micro-batch {args.micro_batch_size} x "
             f"{world} processes"
         )
     accum = args.batch_size // (args.micro_batch_size * world)
-    # the scheduler is stepped once per optimizer step by hand (accelerate would step it once per process)
-    accelerator = Accelerator(gradient_accumulation_steps=accum, step_scheduler_with_optimizer=False)
+    accelerator.gradient_accumulation_steps = accum
+    ds = accelerator.state.deepspeed_plugin
+    if ds is not None:  # DeepSpeed takes micro-batch, accumulation and clipping from its own config (untested here)
+        ds.deepspeed_config.update(
+            train_micro_batch_size_per_gpu=args.micro_batch_size,
+            gradient_accumulation_steps=accum,
+            gradient_clipping=args.max_grad_norm,
+        )
     rank = accelerator.process_index
     run_dir = Path(args.out)
     run_dir.mkdir(parents=True, exist_ok=True)
