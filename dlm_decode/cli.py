@@ -16,7 +16,7 @@ from typing import Any
 # subcommand -> module exposing ``add_arguments(parser)`` and ``run(args) -> int``
 COMMANDS: dict[str, tuple[str, str]] = {
     "generate": ("dlm_decode.cli", "decode a batch of prompts with any sampler and cache"),
-    "eval": ("dlm_decode.eval.cli", "lm-evaluation-harness with the dlm_decode model and offline tasks (lm-eval flags)"),
+    "eval": ("dlm_decode.eval.cli", "lm-eval with the dlm_decode model and the offline tasks (takes lm-eval flags)"),
     "parallelbench": ("dlm_decode.parallelbench.cli", "score a model on ParallelBench; sweeps, PBx, oracle, plots"),
     "demo": ("dlm_decode.demo", "decode ParallelBench-style tasks with every sampler and cache (the demo model)"),
 }

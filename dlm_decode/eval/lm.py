@@ -1,0 +1,430 @@
+"""The ``dlm_decode`` model for lm-evaluation-harness 0.4.13: every sampler and cache behind lm-eval's LM interface.
+
+    import lm_eval, dlm_decode.eval
+    lm_eval.simple_evaluate(model="dlm_decode", model_args="pretrained=demo-llada,sampler=low_confidence",
+                            tasks=["dlm_tiny_mc"], task_manager=dlm_decode.eval.task_manager())
+    # or an instance: lm_eval.simple_evaluate(model=DLMDecodeLM(pretrained="demo-llada"), ...)
+    # or the CLI:     dlm-decode eval --model_args pretrained=demo-llada --tasks dlm_tiny_mc
+
+``generate_until`` decodes with ``dlm_decode.generate`` in left-padded batches (sorted by prompt length, answers
+returned in request order; a padded row decodes as it would alone, so the batch size never changes an answer at
+temperature 0), cuts at every ``until`` string, and records per-request statistics. ``loglikelihood`` is the
+Monte Carlo ELBO of :mod:`dlm_decode.eval.likelihood`. ``loglikelihood_rolling`` splits a text into windows of
+``max_length - 1`` tokens and scores each window as the continuation of one prefix token (BOS, else EOS); windows are
+independent (no context carried across), so long-document perplexity is an upper bound from the ELBO.
+
+lm-eval 0.4.13 has no hook for a model to add fields to logged samples. Statistics therefore live in
+``lm.request_stats`` (one dict per generate request), in ``stats_path`` as JSONL (``dlm-decode eval`` sets it next to
+``--output_path``), in ``results["config"]["dlm_decode"]`` (summary, via ``get_model_info``), and on each answer:
+answers are ``str`` subclasses with a ``stats`` attribute, which the shipped tasks turn into ``nfe`` and
+``tokens_per_step`` metrics (per sample in the logged samples, averaged in the results table).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from lm_eval.api.model import LM
+from lm_eval.api.registry import register_model
+from tqdm.auto import tqdm
+
+from dlm_decode.cache import get_cache
+from dlm_decode.core.loop import generate
+from dlm_decode.eval import likelihood
+from dlm_decode.eval.options import EvalOptions, decode_config, describe, parse_model_args
+from dlm_decode.models.loading import load_model
+from dlm_decode.samplers import get_sampler
+
+log = logging.getLogger(__name__)
+
+
+class Generation(str):
+    """A generated answer that carries its decoding statistics (``.stats``); compares and serializes as text."""
+
+    stats: dict[str, Any]
+
+    def __new__(cls, text: str, stats: dict[str, Any]) -> Generation:
+        obj = super().__new__(cls, text)
+        obj.stats = stats
+        return obj
+
+    def __reduce__(self):  # pickling (lm-eval's response cache) keeps the statistics
+        return (Generation, (str(self), self.stats))
+
+
+class ChatPrompt(str):
+    """A context already rendered with the chat template by the harness (``--apply_chat_template``)."""
+
+
+def _parse_batch_size(batch_size: Any, max_batch: int) -> int:
+    if batch_size is None:
+        return 1
+    if isinstance(batch_size, str) and batch_size.strip().lower().startswith("auto"):
+        log.info("dlm_decode: batch_size=%s -> max_batch=%d requests per call", batch_size, max_batch)
+        return max_batch
+    try:
+        value = int(batch_size)
+    except (TypeError, ValueError):
+        raise ValueError(f"batch_size must be a positive integer or 'auto', got {batch_size!r}") from None
+    if value < 1:
+        raise ValueError(f"batch_size must be >= 1, got {value}")
+    return value
+
+
+@register_model("dlm_decode")
+class DLMDecodeLM(LM):
+    """lm-eval model over a dlm_decode LLaDA/Dream model. Constructor keywords are the ``model_args`` keys
+    (:mod:`dlm_decode.eval.options`) plus lm-eval's ``batch_size``, ``max_batch_size`` and ``device``; a loaded
+    ``model`` and ``tokenizer`` may be passed instead of ``pretrained`` (Python API only)."""
+
+    def __init__(
+        self,
+        batch_size: Any = None,
+        max_batch_size: int | None = None,
+        device: str | None = None,
+        *,
+        model: Any = None,
+        tokenizer: Any = None,
+        **model_args: Any,
+    ) -> None:
+        super().__init__()
+        self.options: EvalOptions = parse_model_args(model_args)  # every check before any loading
+        opts = self.options
+        if model is None and not opts.pretrained:
+            raise ValueError(
+                "model_args: pretrained=PATH (checkpoint directory or demo-llada / demo-dream) is required"
+            )
+        if model is not None and (isinstance(model, str) or not hasattr(model, "denoise")):
+            raise ValueError("model= takes a loaded dlm_decode model; pass a path or demo name as pretrained=")
+        self.batch_size = _parse_batch_size(batch_size, opts.max_batch)
+        del max_batch_size  # only meaningful for lm-eval's own auto batch search
+        self.sampler = get_sampler(opts.sampler, opts.sampler_options)
+        self.cache = get_cache(opts.cache, opts.cache_options)
+        self.accelerator = None
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            from accelerate import Accelerator
+
+            self.accelerator = Accelerator()
+            self._rank = self.accelerator.process_index
+            self._world_size = self.accelerator.num_processes
+            target = self.accelerator.device
+        else:
+            target = opts.device or device or ("cuda" if torch.cuda.is_available() else "cpu")
+        if model is None:
+            model, loaded_tok = load_model(opts.pretrained, dtype=opts.dtype, device=target)
+            tokenizer = tokenizer if tokenizer is not None else loaded_tok
+        else:
+            model = model.to(target)
+        if tokenizer is None:
+            raise ValueError(f"{opts.pretrained or type(model).__name__}: no tokenizer (lm-eval works on text)")
+        self.model, self.tokenizer = model.eval(), tokenizer
+        self._device = torch.device(target)
+        self.max_length = min(opts.max_length or model.max_sequence_length, model.max_sequence_length)
+        self.ll_method = opts.ll_method
+        if self.ll_method == "auto":
+            self.ll_method = "dream" if getattr(model, "logit_shift", 0) == 1 else "llada"
+        self._warned: set[str] = set()
+        self.request_stats: list[dict[str, Any]] = []
+
+    # ------------------------------------------------------------------------------------ lm-eval plumbing
+    @classmethod
+    def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None) -> DLMDecodeLM:
+        from lm_eval.utils import simple_parse_args_string
+
+        return cls.create_from_arg_obj(simple_parse_args_string(arg_string), additional_config)
+
+    @classmethod
+    def create_from_arg_obj(cls, arg_dict: dict[str, Any], additional_config: dict | None = None) -> DLMDecodeLM:
+        args = dict(arg_dict)
+        if "batch_size" in args:  # reject here: lm-eval would otherwise pass it twice or as if it were its flag
+            parse_model_args(args)
+        extra = {k: v for k, v in (additional_config or {}).items() if v is not None}
+        if "device" in args and "device" in extra:
+            log.info(
+                "dlm_decode: model_args device=%s takes precedence over --device %s", args["device"], extra["device"]
+            )
+            extra.pop("device")
+        return cls(**extra, **args)
+
+    @property
+    def device(self) -> torch.device:
+        return self._device
+
+    @property
+    def tokenizer_name(self) -> str:
+        return str(getattr(self.tokenizer, "name_or_path", "tokenizer")).replace("/", "__")
+
+    def chat_template(self, chat_template: bool | str = False) -> str | None:
+        return getattr(self.tokenizer, "chat_template", None)
+
+    def apply_chat_template(self, chat_history: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+        import jinja2
+
+        kw = dict(tokenize=False, add_generation_prompt=add_generation_prompt)
+        if not add_generation_prompt:
+            kw["continue_final_message"] = True
+        try:
+            text = self.tokenizer.apply_chat_template(chat_history, **kw)
+        except jinja2.exceptions.TemplateError:  # templates without a system role (as lm-eval's HF model does)
+            text = self.tokenizer.apply_chat_template([m for m in chat_history if m["role"] != "system"], **kw)
+        return ChatPrompt(text)
+
+    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        if self.world_size <= 1:
+            return tensor
+        return self.accelerator.gather(tensor)
+
+    def gather_object(self, obj: Any, dst: int = 0) -> list[Any] | None:
+        if self.world_size <= 1:
+            return [obj]
+        result = [None] * self.world_size if self.rank == dst else None
+        torch.distributed.gather_object(obj=obj, object_gather_list=result, dst=dst)
+        return result
+
+    def barrier(self) -> None:
+        if self.world_size > 1:
+            self.accelerator.wait_for_everyone()
+
+    def get_model_info(self) -> dict[str, Any]:
+        """Merged into ``results["config"]``: the decoding configuration and a summary of the statistics."""
+        stats = self.request_stats
+        summary: dict[str, Any] = {"generate_requests": len(stats)}
+        if stats:
+            summary["mean_nfe"] = sum(s["nfe"] for s in stats) / len(stats)
+            summary["mean_tokens_per_step"] = sum(s["tokens_per_step"] for s in stats) / len(stats)
+        info = describe(self.options) | {"ll_method_resolved": self.ll_method, "summary": summary}
+        return {"dlm_decode": info}
+
+    def _warn_once(self, key: str, msg: str, *args: Any) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            log.warning(msg, *args)
+
+    def _bar(self, total: int, desc: str, disable: bool) -> tqdm:
+        return tqdm(total=total, desc=desc, disable=disable or not self.options.progress or self.rank != 0)
+
+    # ------------------------------------------------------------------------------------ tokenization
+    def _render(self, context: str) -> tuple[str, bool]:
+        """The context text the model sees and whether it is already chat-rendered (no special tokens added)."""
+        if isinstance(context, ChatPrompt):
+            if self.options.chat:
+                self._warn_once("chat", "dlm_decode: lm-eval already applies the chat template; chat=true ignored")
+            return str(context), True
+        if self.options.chat:
+            msgs = [{"role": "user", "content": context}]
+            return self.tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False), True
+        return context, False
+
+    def _encode(self, text: str, rendered: bool) -> list[int]:
+        return list(self.tokenizer(text, add_special_tokens=not rendered)["input_ids"])
+
+    @property
+    def prefix_token_id(self) -> int:
+        for name in ("bos_token_id", "eos_token_id"):
+            tid = getattr(self.tokenizer, name, None)
+            if isinstance(tid, int):
+                return tid
+        return self.model.eos_token_ids[0]
+
+    def _encode_pair(self, context: str, continuation: str) -> tuple[list[int], list[int]]:
+        """Context and continuation ids; the continuation's ids are those of ``context + continuation`` past the
+        context's (trailing context spaces move to the continuation, as lm-eval's ``TemplateLM`` does)."""
+        text, rendered = self._render(context)
+        n_spaces = len(text) - len(text.rstrip())
+        if n_spaces and not rendered:
+            continuation, text = text[-n_spaces:] + continuation, text[:-n_spaces]
+        ctx = self._encode(text, rendered) if text else []
+        whole = self._encode(text + continuation, rendered)
+        cont = whole[len(ctx) :]
+        if not ctx:
+            ctx = [self.prefix_token_id]
+        return self._truncate(ctx, cont)
+
+    def _truncate(self, ctx: list[int], cont: list[int]) -> tuple[list[int], list[int]]:
+        room = self.max_length
+        if len(cont) >= room:
+            self._warn_once("cont", "dlm_decode: continuation longer than max_length; its first tokens are dropped")
+            cont = cont[-(room - 1) :]
+        if len(ctx) + len(cont) > room:
+            self._warn_once("ctx", "dlm_decode: context truncated from the left to fit max_length=%d", room)
+            ctx = ctx[-(room - len(cont)) :]
+        return ctx, cont
+
+    # ------------------------------------------------------------------------------------ generate_until
+    def _gen_length(self, gen_kwargs: dict[str, Any]) -> int:
+        opts = self.options
+        if opts.gen_length is not None:
+            return opts.gen_length
+        want = int(gen_kwargs.get("max_gen_toks") or 128)
+        block = opts.block_length or (min(32, want) if self.sampler.blockwise else want)
+        return -(-want // block) * block  # rounded up to whole blocks
+
+    def generate_until(self, requests: list[Any], disable_tqdm: bool = False) -> list[str]:
+        if not requests:
+            return []
+        items = []
+        ignored: set[str] = set()
+        for i, req in enumerate(requests):
+            context, gen_kwargs = req.args[0], dict(req.args[1] or {})
+            until = gen_kwargs.pop("until", None) or []
+            until = [until] if isinstance(until, str) else [u for u in until if u]
+            gen_length = self._gen_length(gen_kwargs)
+            ignored |= set(gen_kwargs) - {"max_gen_toks"}
+            text, rendered = self._render(context)
+            ids = self._encode(text, rendered)
+            room = self.max_length - gen_length
+            if room < 1:
+                raise ValueError(
+                    f"gen_length {gen_length} leaves no room for a prompt within max_length {self.max_length}"
+                )
+            if len(ids) > room:
+                self._warn_once("prompt", "dlm_decode: prompt truncated from the left to fit max_length=%d", room)
+                ids = ids[-room:] if room > 0 else ids
+            items.append((i, ids, until, gen_length, req))
+        if ignored:
+            self._warn_once(
+                "gen_kwargs",
+                "dlm_decode: decoding comes from model_args; ignored task gen_kwargs: %s",
+                ", ".join(sorted(ignored)),
+            )
+        out: list[Any] = [None] * len(requests)
+        records = []
+        bar = self._bar(len(requests), "generate_until", disable_tqdm)
+        groups: dict[int, list[Any]] = {}
+        for it in items:
+            groups.setdefault(it[3], []).append(it)
+        per_call = min(self.batch_size, self.options.max_batch)
+        for gen_length, group in groups.items():
+            group.sort(key=lambda it: -len(it[1]))  # longest first; stable, so ties keep request order
+            cfg = decode_config(self.options, gen_length)
+            for s in range(0, len(group), per_call):
+                chunk = group[s : s + per_call]
+                res = generate(
+                    self.model,
+                    [it[1] for it in chunk],
+                    tokenizer=self.tokenizer,
+                    sampler=self.sampler,
+                    cache=self.cache,
+                    config=cfg,
+                )
+                for j, (it, row) in enumerate(zip(chunk, res.rows, strict=True)):
+                    index, ids, until, _, req = it
+                    text = self._cut(row, until)
+                    stats = self._stats(req, row, res, j, len(ids), gen_length)
+                    out[index] = Generation(text, stats)
+                    records.append(stats)
+                    self.cache_hook.add_partial("generate_until", req.args, text)
+                bar.update(len(chunk))
+        bar.close()
+        self.request_stats.extend(records)
+        self._write_stats(records)
+        return out
+
+    def _cut(self, row: Any, until: list[str]) -> str:
+        """The row's text (ends at EOS / end of turn), cut before the earliest ``until`` string."""
+        text = row.text or ""
+        special = set(getattr(self.tokenizer, "all_special_tokens", []))
+        for u in until:  # special tokens are skipped when decoding, so cut those on the ids
+            if u in special:
+                tid = self.tokenizer.convert_tokens_to_ids(u)
+                if tid in row.generated_ids:
+                    head = row.generated_ids[: row.generated_ids.index(tid)]
+                    cut = self.tokenizer.decode(
+                        [t for t in head if t != self.model.mask_token_id], skip_special_tokens=True
+                    )
+                    text = cut if len(cut) < len(text) else text
+        ends = [text.find(u) for u in until if u in text]
+        return text[: min(ends)] if ends else text
+
+    def _stats(self, req: Any, row: Any, res: Any, j: int, prompt_tokens: int, gen_length: int) -> dict[str, Any]:
+        per_step = [step[j] for step in res.tokens_per_step]
+        while per_step and per_step[-1] == 0:
+            per_step.pop()
+        committed = sum(per_step)
+        return {
+            "task": getattr(req, "task_name", None),
+            "doc_id": getattr(req, "doc_id", None),
+            "idx": getattr(req, "idx", None),
+            "prompt_tokens": prompt_tokens,
+            "gen_length": gen_length,
+            "nfe": row.nfe,
+            "committed": committed,
+            "tokens_per_step": committed / row.nfe if row.nfe else 0.0,
+            "step_commits": per_step,
+            "batch_rows": len(res.rows),
+            "batch_seconds": res.seconds,
+            "sampler": self.options.sampler,
+            "cache": self.options.cache,
+        } | ({"error": row.error} if row.error else {})
+
+    def _write_stats(self, records: list[dict[str, Any]]) -> None:
+        if not self.options.stats_path or not records:
+            return
+        path = Path(self.options.stats_path)
+        if self.world_size > 1:
+            path = path.with_name(f"{path.stem}.rank{self.rank}{path.suffix}")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a", encoding="utf-8") as f:
+            for r in records:
+                f.write(json.dumps(r) + "\n")
+
+    # ------------------------------------------------------------------------------------ likelihood
+    def _loglikelihood_ids(
+        self, pairs: list[tuple[list[int], list[int]]], desc: str, disable_tqdm: bool, greedy: bool
+    ) -> list[tuple[float, bool]]:
+        opts = self.options
+        bar = self._bar(len(pairs), desc, disable_tqdm)
+        start = time.perf_counter()
+        scores = likelihood.loglikelihoods(
+            self.model,
+            pairs,
+            mc_num=opts.mc_num,
+            method=self.ll_method,
+            seed=opts.seed,
+            eps=opts.sampling_eps,
+            cfg_scale=opts.cfg_scale,
+            max_batch=opts.max_batch,
+            on_done=bar.update,
+        )
+        bar.close()
+        flags = [False] * len(pairs)
+        if greedy and opts.greedy_check:
+            flags = likelihood.greedy_matches(self.model, pairs, cfg_scale=opts.cfg_scale, max_batch=opts.max_batch)
+        log.debug("dlm_decode: %d likelihoods in %.2fs", len(pairs), time.perf_counter() - start)
+        return list(zip(scores, flags, strict=True))
+
+    def loglikelihood(self, requests: list[Any], disable_tqdm: bool = False) -> list[tuple[float, bool]]:
+        if not requests:
+            return []
+        pairs = [self._encode_pair(*req.args) for req in requests]
+        out: list[tuple[float, bool]] = [(0.0, True)] * len(requests)
+        todo = [i for i, (_, cont) in enumerate(pairs) if cont]  # an empty continuation has probability 1
+        res = self._loglikelihood_ids([pairs[i] for i in todo], "loglikelihood", disable_tqdm, greedy=True)
+        for i, r in zip(todo, res, strict=True):
+            out[i] = r
+            self.cache_hook.add_partial("loglikelihood", requests[i].args, r)
+        return out
+
+    def loglikelihood_rolling(self, requests: list[Any], disable_tqdm: bool = False) -> list[float]:
+        if not requests:
+            return []
+        width = self.max_length - 1
+        windows, owner = [], []
+        for i, req in enumerate(requests):
+            ids = self._encode(req.args[0], rendered=True)  # no BOS/EOS added: the prefix token is the context
+            for s in range(0, len(ids), width):
+                windows.append(([self.prefix_token_id], ids[s : s + width]))
+                owner.append(i)
+        res = self._loglikelihood_ids(windows, "loglikelihood_rolling", disable_tqdm, greedy=False)
+        totals = [0.0] * len(requests)
+        for i, (score, _) in zip(owner, res, strict=True):
+            totals[i] += score
+        for req, total in zip(requests, totals, strict=True):
+            self.cache_hook.add_partial("loglikelihood_rolling", req.args, total)
+        return totals
