@@ -45,7 +45,19 @@ def _load(name: str) -> ModuleType:
     spec = importlib.util.spec_from_file_location(alias, path)
     mod = importlib.util.module_from_spec(spec)
     sys.modules[alias] = mod
-    spec.loader.exec_module(mod)
+    # the scripts import their siblings by bare name (``from tokenizer import ...``): make those resolvable while
+    # the module executes, behind every other entry so nothing else is shadowed
+    added = str(TRAIN_DEMO) not in sys.path
+    if added:
+        sys.path.append(str(TRAIN_DEMO))
+    try:
+        spec.loader.exec_module(mod)
+    except BaseException:
+        del sys.modules[alias]
+        raise
+    finally:
+        if added:
+            sys.path.remove(str(TRAIN_DEMO))
     return mod
 
 

@@ -261,7 +261,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         accelerator.print(f"resumed from {ckpt} at step {start_step}")
         if accelerator.is_main_process and log_path.is_file():  # drop records written after that checkpoint
             keep = [ln for ln in log_path.read_text().splitlines() if json.loads(ln)["step"] <= start_step]
-            demo._write_text_atomic(log_path, "".join(x + "\n" for x in keep))
+            tmp = log_path.with_name(log_path.name + ".tmp")
+            tmp.write_text("".join(x + "\n" for x in keep))
+            os.replace(tmp, log_path)
     elif accelerator.is_main_process:
         log_path.unlink(missing_ok=True)
     if accelerator.is_main_process:
