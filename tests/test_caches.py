@@ -1,0 +1,237 @@
+"""Cache policies: every cache with every sampler, exactness against full recomputation, K/V after a refresh, padded
+batches, token identity of ``prefix`` / ``dual`` with Fast-dLLM (``reference_cached_generate``), savings, errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from checkpoints import llada_config, llada_state_dict
+from reference_cached_generate import dual_cache_generate, llada_cached_forward, prefix_cache_generate
+
+import dlm_decode
+import dlm_decode.core.loop as loop
+from dlm_decode.cache import CACHES, KVStore, get_cache
+from dlm_decode.samplers import SAMPLERS, get_sampler
+
+PROMPTS = [[5, 9, 17, 3, 40, 22], [7, 2, 33], [11, 30, 30, 8, 19]]
+EQUAL = torch.tensor([[5, 9, 17, 3, 40, 22], [7, 7, 2, 33, 12, 4], [11, 30, 30, 8, 19, 60]])
+CACHED = sorted(set(CACHES) - {"none"})
+# the setting of each cache that refreshes at every step (so it must reproduce decoding without a cache)
+EVERY_STEP = {
+    "prefix": {"refresh_interval": 1},
+    "dual": {"refresh_interval": 1},
+    "dkv_decode": {"refresh_interval": 1},
+    "dkv_greedy": {"refresh_interval": 1},
+    "dkv_prefill": {"refresh_interval": 1},
+    "dkv_pd": {"refresh_interval": 1, "prompt_refresh_interval": 1},
+    "window": {"refresh_cycle": 1},
+}
+FEW_SAMPLERS = [s for s in ("low_confidence", "threshold", "factor", "maskgit_plus") if s in SAMPLERS]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny models run many small ops: one thread is several times faster than contended threads."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def _run(model, sampler, cache, prompts=PROMPTS, cache_options=None, **kw):
+    kw.setdefault("gen_length", 16)
+    kw.setdefault("block_length", 8 if get_sampler(sampler).blockwise else None)
+    return dlm_decode.generate(model, prompts, sampler=sampler, cache=cache, cache_options=cache_options, **kw)
+
+
+@pytest.fixture
+def checked_forward(monkeypatch):
+    """Wrap the loop's forward: every plan must compute the hidden state behind each committable masked slot."""
+    calls = []
+    original = loop._forward
+
+    def forward(model, state, plan, region, store):
+        r0, r1 = region
+        t = state.total_length
+        need = state.block_masked()[:, r0:r1]  # [B, R]
+        if plan.candidates is not None:
+            need = need & plan.candidates[:, r0:r1]
+        src = (torch.arange(r0, r1) - state.logit_shift).clamp(min=0)  # [R]
+        computed = torch.zeros(state.batch, t, dtype=torch.bool)
+        if isinstance(plan.compute, slice):
+            computed[:, plan.compute] = True
+        else:
+            computed.scatter_(1, plan.compute, True)
+        assert (computed[:, src] | ~need).all(), f"step {state.step}: a masked slot's hidden state is not computed"
+        calls.append(plan)
+        return original(model, state, plan, region, store)
+
+    monkeypatch.setattr(loop, "_forward", forward)
+    return calls
+
+
+@pytest.mark.parametrize("sampler", sorted(SAMPLERS))
+@pytest.mark.parametrize("cache", CACHED)
+def test_every_cache_runs_every_sampler(tiny_model, cache, sampler, checked_forward):
+    out = _run(tiny_model, sampler, cache)
+    p = out.sequences.shape[1] - 16
+    for i, pr in enumerate(PROMPTS):
+        assert out.sequences[i, p - len(pr) : p].tolist() == pr
+    assert not (out.sequences[:, p:] == tiny_model.mask_token_id).any()
+    n_layers, n_kv, hd = tiny_model.kv_shape()
+    assert out.cache_bytes == 2 * n_layers * len(PROMPTS) * n_kv * out.sequences.shape[1] * hd * 4
+    assert out.refreshes >= 1 and len(checked_forward) == out.nfe
+
+
+@pytest.mark.parametrize("sampler", FEW_SAMPLERS)
+@pytest.mark.parametrize("cache", CACHED)
+def test_refresh_every_step_reproduces_no_cache(tiny_model, cache, sampler):
+    assert set(EVERY_STEP) == set(CACHED), "give every cache its refresh-every-step setting in EVERY_STEP"
+    ref = _run(tiny_model, sampler, "none")
+    out = _run(tiny_model, sampler, cache, cache_options=EVERY_STEP[cache])
+    assert torch.equal(out.sequences, ref.sequences)
+    assert out.nfe == ref.nfe and out.refreshes == out.nfe
+
+
+@pytest.mark.parametrize("cache", CACHED)
+def test_store_after_refresh_equals_fresh_forward(tiny_model, cache, monkeypatch):
+    original = loop._forward
+    checked = []
+
+    def forward(model, state, plan, region, store):
+        canvas = state.canvas.clone()
+        logits = original(model, state, plan, region, store)
+        if plan.refresh:
+            fresh = KVStore(*_store_args(model, state), dtype=store.k.dtype, device=store.k.device)
+            model.denoise(
+                canvas, state.positions, region=region, store=fresh, key_mask=state.key_mask(), compute=slice(None)
+            )
+            valid = state.valid[None, :, None, :, None]
+            assert torch.equal(store.k * valid, fresh.k * valid) and torch.equal(store.v * valid, fresh.v * valid)
+            checked.append(state.step)
+        return logits
+
+    monkeypatch.setattr(loop, "_forward", forward)
+    out = _run(tiny_model, "low_confidence", cache, gen_length=24, block_length=8, steps=24)
+    assert checked and len(checked) == out.refreshes
+
+
+def _store_args(model, state):
+    n_layers, n_kv, hd = model.kv_shape()
+    return n_layers, state.batch, n_kv, state.total_length, hd
+
+
+@pytest.mark.parametrize("sampler", FEW_SAMPLERS)
+@pytest.mark.parametrize("cache", CACHED)
+def test_padded_rows_decode_as_alone(tiny_model, cache, sampler):
+    batch = _run(tiny_model, sampler, cache)
+    for i, pr in enumerate(PROMPTS):
+        alone = _run(tiny_model, sampler, cache, prompts=[pr])
+        assert alone.rows[0].generated_ids == batch.rows[i].generated_ids, (cache, sampler, i)
+
+
+@pytest.mark.parametrize("cache", CACHED)
+def test_caches_compute_fewer_token_forwards(tiny_model, cache):
+    ref = _run(tiny_model, "low_confidence", "none", gen_length=32, block_length=16, steps=32)
+    out = _run(tiny_model, "low_confidence", cache, gen_length=32, block_length=16, steps=32)
+    assert out.token_forwards < ref.token_forwards
+    assert out.nfe == ref.nfe
+
+
+# ---- token identity with Fast-dLLM's cached generate functions (LLaDA, fp32, temperature 0) ----------------------
+
+
+@pytest.fixture(scope="module")
+def llada_reference_forward():
+    cfg = llada_config()
+    sd = llada_state_dict(cfg)
+    return lambda ids, past=None, replace=None: llada_cached_forward(sd, cfg, ids, past=past, replace=replace)
+
+
+def test_reference_forward_matches_model(llada, llada_reference_forward):
+    ids = EQUAL[:2]
+    logits, past = llada_reference_forward(ids)
+    assert torch.allclose(logits, llada(ids).logits, atol=1e-5)
+    tail, _ = llada_reference_forward(ids[:, 3:], past=[(k[:, :, :3], v[:, :, :3]) for k, v in past])
+    assert torch.allclose(tail, logits[:, 3:], atol=1e-5)  # an exact prefix cache changes nothing
+
+
+RULES = [("low_confidence", {}), ("threshold", {"threshold": 0.5}), ("factor", {"factor": 1.0})]
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("gen,block,steps", [(16, 8, 16), (24, 8, 12), (16, 4, 8)])
+@pytest.mark.parametrize("rule,options", RULES, ids=[r for r, _ in RULES])
+@pytest.mark.parametrize("cache", ["prefix", "dual"])
+def test_fastdllm_token_identity(llada, llada_reference_forward, cache, rule, options, batch, gen, block, steps):
+    if rule not in SAMPLERS:
+        pytest.skip(f"sampler {rule!r} not registered")
+    prompt = EQUAL[:batch]
+    fn = prefix_cache_generate if cache == "prefix" else dual_cache_generate
+    kw = dict(options)
+    if rule == "low_confidence":
+        kw["steps"] = steps
+    ref, ref_nfe = fn(llada_reference_forward, prompt, gen, block, llada.mask_token_id, **kw)
+    out = dlm_decode.generate(
+        llada,
+        prompt,
+        sampler=rule,
+        sampler_options=options,
+        cache=cache,
+        gen_length=gen,
+        block_length=block,
+        steps=steps,
+    )
+    assert torch.equal(out.sequences, ref)
+    assert out.nfe == ref_nfe
+
+
+# ---- pruned steps and options -----------------------------------------------------------------------------------
+
+
+def test_window_commits_only_active_masks(llada):
+    active = 2
+    out = dlm_decode.generate(
+        llada,
+        EQUAL[:2],
+        sampler="low_confidence",
+        cache="window",
+        cache_options={"refresh_cycle": 8, "active_tokens": active},
+        gen_length=24,
+        block_length=24,
+        steps=24,
+        trace=True,
+    )
+    trace = out.trace  # [B, L] step that committed each slot
+    for s in range(out.nfe - 1):
+        if s % 8 == 0:
+            continue  # a phase's full step may commit any mask
+        masks_then = trace >= s  # [B, L] still MASK when step s began
+        left = masks_then.long().cumsum(1)  # rank among those masks
+        assert (left[trace == s] <= active).all(), s
+
+
+def test_greedy_recomputes_less_than_decode(llada):
+    """Same refresh schedule: greedy's pruned steps skip the masks outside the block and far from new tokens."""
+    kw = dict(gen_length=32, block_length=8, steps=32, cache_options={"refresh_interval": 2})
+    a = _run(llada, "low_confidence", "dkv_decode", **kw)
+    b = _run(llada, "low_confidence", "dkv_greedy", **kw)
+    assert a.refreshes == b.refreshes and b.token_forwards < a.token_forwards
+
+
+def test_bad_cache_names_and_options_fail_loudly():
+    with pytest.raises(ValueError, match="valid caches: .*dkv_decode.*dual.*none.*prefix.*window"):
+        get_cache("kv")
+    for name in ("prefix", "dual", "dkv_decode", "dkv_greedy", "dkv_prefill", "dkv_pd"):
+        with pytest.raises(ValueError, match="refresh_interval must be an integer >= 1"):
+            get_cache(name, {"refresh_interval": 0})
+    with pytest.raises(ValueError, match="prompt_refresh_interval"):
+        get_cache("dkv_pd", {"prompt_refresh_interval": -2})
+    for key in ("refresh_cycle", "window_tokens", "active_tokens"):
+        with pytest.raises(ValueError, match=f"{key} must be an integer >= 1"):
+            get_cache("window", {key: 0})
+    with pytest.raises(ValueError, match=r"window must be an integer in \[0, 3\]"):
+        get_cache("dkv_greedy", {"window": 7})
+    with pytest.raises(ValueError, match="has no option"):
+        get_cache("dual", {"interval": 2})
+    assert get_cache("dkv_decode", {"refresh_interval": "4"}).refresh_interval == 4
