@@ -315,3 +315,36 @@ def test_interrupt_and_resume_is_bitwise_identical(dream_tok_dir, tmp_path):
     logs = [(tmp_path / d / "log.jsonl").read_text() for d in ("full", "cut")]
     strip = [[{k: v for k, v in json.loads(x).items() if k != "elapsed"} for x in s.splitlines()] for s in logs]
     assert strip[0] == strip[1]
+
+
+@pytest.mark.skipif(not (SHARED_DATA / "waiting_line").is_dir(), reason="needs the ParallelBench task configs")
+@pytest.mark.parametrize("accept", [True, False])
+def test_trajectories_keep_only_verified_answers(accept, llada_tok_dir, tmp_path, monkeypatch):
+    from certainty_forcing import trajectories
+
+    import dlm_decode.parallelbench.metrics as metrics
+
+    calls = []
+
+    def fake_score(task, text, sample):
+        calls.append(task)
+        return {"score": 1.0 if accept else 0.0, "score_strict": 0.0}
+
+    monkeypatch.setattr(metrics, "score_sample", fake_score)
+    out = tmp_path / "traj"
+    argv = ["--model", str(llada_tok_dir), "--out", str(out), "--data-dir", str(SHARED_DATA), "--n-per-task", "3"]
+    trajectories.main([*argv, "--heldout-per-task", "2", "--tasks", "waiting_line/copy", "waiting_line/sort"])
+    rows = trajectories.read_jsonl(out / "train.jsonl")
+    held = trajectories.read_jsonl(out / "heldout.jsonl")
+    meta = json.loads((out / "meta.json").read_text())
+    assert len(calls) == 6 and len(held) == 4 and meta["prompts"] == 6
+    assert len(rows) == (6 if accept else 0) == meta["accepted"]
+    tok = dlm_decode.load_model(llada_tok_dir)[1]
+    for r in rows:
+        assert len(r["response_ids"]) == 32 and MASK not in r["response_ids"]
+        assert r["prompt_ids"][0] == tok.bos_token_id
+    # held-out prompts are not training prompts
+    train_prompts = {tuple(r["prompt_ids"]) for r in rows}
+    for h in held:
+        ids = tok.apply_chat_template(json.loads(h["messages"]), add_generation_prompt=True, tokenize=False)
+        assert tuple(tok(ids, add_special_tokens=False)["input_ids"]) not in train_prompts

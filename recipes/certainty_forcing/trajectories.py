@@ -121,6 +121,13 @@ def main(argv: list[str] | None = None) -> None:
     out = Path(args.out)
     parts = out / "parts"
     parts.mkdir(parents=True, exist_ok=True)
+    # parts of an earlier run are reused only if they were made with the same settings
+    signature = json.dumps({k: v for k, v in vars(args).items() if k not in ("threads", "batch_size")}, sort_keys=True)
+    sig_path = parts / "signature.json"
+    if not sig_path.is_file() or sig_path.read_text() != signature:
+        for old in parts.glob("*.jsonl"):
+            old.unlink()
+        sig_path.write_text(signature)
     t0 = time.perf_counter()
     train_rows, held_rows, dropped = build_prompts(
         args.data_dir, args.tasks, args.n_per_task, args.heldout_per_task, args.seed, args.heldout_seed
