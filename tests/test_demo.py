@@ -1,0 +1,87 @@
+"""``dlm-decode demo`` on a tiny official-format checkpoint (scores are ~0: the table and JSON shapes are checked)
+and its message when the demo model is not shipped."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from checkpoints import write_tokenizer
+from conftest import SHARED_DATA
+
+from dlm_decode.cli import main
+from dlm_decode.demo import demo_configs
+from dlm_decode.models.loading import DEMO_DIR
+
+needs_data = pytest.mark.skipif(not SHARED_DATA.is_dir(), reason="official ParallelBench data not present")
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny model: threads only spin on a busy machine
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def tok_dir(llada_dir, tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("demo") / "llada"
+    shutil.copytree(llada_dir, path)
+    write_tokenizer(path)
+    return path
+
+
+def test_configs_come_from_the_registries():
+    from dlm_decode.cache import CACHES
+    from dlm_decode.samplers import SAMPLERS
+
+    cfgs = demo_configs(max_configs=1000)
+    assert cfgs[0]["label"] == "low_confidence k=1" and cfgs[-1]["sampler"] == "oracle"
+    assert {c["sampler"] for c in cfgs} >= set(SAMPLERS) - {"oracle"}
+    assert {c["cache"] for c in cfgs} == set(CACHES)
+    assert len(demo_configs(max_configs=4)) == 4
+
+
+@pytest.mark.skipif((DEMO_DIR / "demo-llada").is_dir(), reason="demo-llada is shipped")
+def test_demo_says_clearly_when_the_demo_model_is_not_shipped(capsys):
+    assert main(["demo", "--quick"]) == 2
+    assert "not shipped yet" in capsys.readouterr().err
+
+
+@needs_data
+def test_demo_quick_on_a_tiny_model(tok_dir, capsys):
+    rc = main(
+        [
+            "demo",
+            "--model",
+            str(tok_dir),
+            "--quick",
+            "--tasks",
+            "waiting_line/copy",
+            "--samples",
+            "2",
+            "--max-configs",
+            "3",
+            "--json",
+        ]
+    )
+    assert rc == 0
+    cap = capsys.readouterr()
+    out = json.loads(cap.out.strip().splitlines()[-1])
+    assert [r["config"] for r in out["rows"]][-1] == "oracle" and len(out["rows"]) == 3
+    assert out["rows"][0]["config"] == "low_confidence k=1" and out["rows"][0]["nfe"] == 32
+    assert cap.out.splitlines()[0].split() == ["task", "sampler", "cache", "score", "NFE", "tok/step", "tok/s"]
+
+
+@needs_data
+def test_demo_quick_runs_every_quick_config(tok_dir, capsys):
+    assert main(["demo", "--model", str(tok_dir), "--quick", "--tasks", "waiting_line/copy", "--samples", "2"]) == 0
+    table = capsys.readouterr().out
+    cfgs = demo_configs(quick=True)
+    assert sum(line.startswith("all tasks") for line in table.splitlines()) + table.count("not run:") >= 1
+    for c in cfgs:
+        assert c["label"] in table
