@@ -216,6 +216,8 @@ def test_resume_from_checkpoint_is_exact(tok, tmp_path):
     cfg = json.loads((tmp_path / "a" / "export" / "config.json").read_text())
     assert cfg["model_type"] == "llada" and cfg["mask_token_id"] == tok.mask_token_id == 2
     assert cfg["eos_token_id"] == cfg["pad_token_id"] == tok.eos_token_id == 1
+    tok_cfg = json.loads((tmp_path / "a" / "export" / "tokenizer_config.json").read_text())
+    assert tok_cfg["tokenizer_class"] == "PreTrainedTokenizerFast" and "<|eot_id|>" in tok_cfg["chat_template"]
 
 
 # ------------------------------------------------------------------------------------------ shipped models

@@ -19,39 +19,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from scoring import score_task  # noqa: E402
+from scoring import TARGETS, TASKS, score_task  # noqa: E402
 
 import dlm_decode  # noqa: E402
 from dlm_decode.parallelbench.tasks import build_messages, load_task, max_new_tokens  # noqa: E402
-
-TASKS = [
-    "waiting_line/copy",
-    "waiting_line/reverse",
-    "waiting_line/sort",
-    "waiting_line/insert_index",
-    "waiting_line/remove_index",
-    "waiting_line/replace_index",
-    "waiting_line/insert_random",
-    "waiting_line/remove_random",
-    "waiting_line/replace_random",
-    "waiting_line/shuffle",
-    "puzzle/latin_square_n4",
-    "puzzle/sudoku_n4_12",
-]
-TARGETS = {
-    "waiting_line/copy": 95,
-    "waiting_line/reverse": 95,
-    "waiting_line/insert_index": 95,
-    "waiting_line/remove_index": 95,
-    "waiting_line/replace_index": 95,
-    "waiting_line/sort": 90,
-    "waiting_line/insert_random": 90,
-    "waiting_line/remove_random": 90,
-    "waiting_line/replace_random": 90,
-    "waiting_line/shuffle": 90,
-    "puzzle/latin_square_n4": 80,
-    "puzzle/sudoku_n4_12": 50,
-}
 
 
 def main() -> None:

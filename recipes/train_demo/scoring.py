@@ -17,6 +17,36 @@ import torch
 import dlm_decode
 from dlm_decode.parallelbench.metrics import score_sample
 
+TASKS = [
+    "waiting_line/copy",
+    "waiting_line/reverse",
+    "waiting_line/sort",
+    "waiting_line/insert_index",
+    "waiting_line/remove_index",
+    "waiting_line/replace_index",
+    "waiting_line/insert_random",
+    "waiting_line/remove_random",
+    "waiting_line/replace_random",
+    "waiting_line/shuffle",
+    "puzzle/latin_square_n4",
+    "puzzle/sudoku_n4_12",
+]
+# the quality bar the shipped demo models are trained for (score x 100 on the official test files)
+TARGETS = {
+    "waiting_line/copy": 95,
+    "waiting_line/reverse": 95,
+    "waiting_line/insert_index": 95,
+    "waiting_line/remove_index": 95,
+    "waiting_line/replace_index": 95,
+    "waiting_line/sort": 90,
+    "waiting_line/insert_random": 90,
+    "waiting_line/remove_random": 90,
+    "waiting_line/replace_random": 90,
+    "waiting_line/shuffle": 90,
+    "puzzle/latin_square_n4": 80,
+    "puzzle/sudoku_n4_12": 50,
+}
+
 
 def score_task(
     model: Any,

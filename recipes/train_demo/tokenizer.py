@@ -79,6 +79,26 @@ def wrap(tok: Tokenizer) -> PreTrainedTokenizerFast:
     )
 
 
+def save_tokenizer(tok: PreTrainedTokenizerFast, out: str | Path) -> None:
+    """``save_pretrained`` in LLaDA's published layout: the chat template inside tokenizer_config.json (no separate
+    chat_template.jinja) and ``tokenizer_class`` ``PreTrainedTokenizerFast``, loadable by transformers 4 and 5."""
+    tok.save_pretrained(out)
+    fold_chat_template(out)
+
+
+def fold_chat_template(out: str | Path) -> None:
+    import json
+
+    out = Path(out)
+    cfg_path, jinja = out / "tokenizer_config.json", out / "chat_template.jinja"
+    cfg = json.loads(cfg_path.read_text())
+    if jinja.is_file():
+        cfg["chat_template"] = jinja.read_text()
+        jinja.unlink()
+    cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
+    cfg_path.write_text(json.dumps(cfg, indent=2, ensure_ascii=False) + "\n")
+
+
 def chat_texts(rows: Iterable[dict]) -> Iterable[str]:
     """The text the tokenizer should compress: every turn's content and every target answer."""
     import json
@@ -103,7 +123,7 @@ def main() -> None:
     rows = train.shuffle(seed=0).select(range(min(args.max_rows, len(train))))  # rows are grouped by task
     tok = train_tokenizer(chat_texts(rows), vocab_size=args.vocab_size)
     Path(args.out).mkdir(parents=True, exist_ok=True)
-    tok.save_pretrained(args.out)
+    save_tokenizer(tok, args.out)
     print(f"vocab {len(tok)} -> {args.out}")
 
 

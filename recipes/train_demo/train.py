@@ -37,6 +37,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+from tokenizer import save_tokenizer  # noqa: E402  (recipes/train_demo/tokenizer.py)
 
 from dlm_decode.models.dream import DreamConfig, DreamModel  # noqa: E402
 from dlm_decode.models.llada import LLaDAConfig, LLaDAModelLM  # noqa: E402
@@ -246,7 +247,7 @@ def export_model(model: Any, tok: Any, out: Path, card: dict | None = None) -> N
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp, safe_serialization=True)
-    tok.save_pretrained(tmp)
+    save_tokenizer(tok, tmp)
     if card is not None:
         (tmp / "training.json").write_text(json.dumps(card, indent=1))
     old = out.with_name(out.name + ".old")

@@ -1,0 +1,120 @@
+"""Copy a training run's export into ``dlm_decode/demo_models/<name>/`` and write its model card (README.md).
+
+    python recipes/train_demo/ship.py --run recipes/train_demo/work/llada --name demo-llada \
+        --scores recipes/train_demo/work/llada-scores.json --command "python recipes/train_demo/train.py ..."
+
+``--scores`` is a file holding the JSON line that ``evaluate.py`` prints last; without it the card says the
+checkpoint is not evaluated yet. Files are copied to a temporary directory that is then renamed into place.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from scoring import TARGETS, TASKS  # noqa: E402
+from tokenizer import fold_chat_template  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+SHIPPED = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
+
+
+def card(name: str, training: dict, scores: dict | None, command: str, note: str) -> str:
+    size, arch = training["size"], training["arch"]
+    a = training["args"]
+    minutes = training["train_seconds"] / 60
+    lines = [
+        f"# {name}",
+        "",
+        f"A tiny masked-diffusion LM in the official {'LLaDA' if arch == 'llada' else 'Dream'} checkpoint format "
+        f"(`model_type` `{'llada' if arch == 'llada' else 'Dream'}`, official parameter names), trained from scratch "
+        "on CPU by `recipes/train_demo` so that dlm_decode's samplers, caches and the ParallelBench runner have a "
+        "real model to work on without downloads. It only knows the ParallelBench waiting-line and puzzle tasks.",
+        "",
+        "```python",
+        "import dlm_decode",
+        f'model, tok = dlm_decode.load_model("{name}")',
+        "```",
+        "",
+        "## Model",
+        f"- architecture: {arch}, d_model {size['d_model']}, {size['n_layers']} layers, {size['n_heads']} heads "
+        f"({size['n_kv_heads']} K/V heads), MLP {size['mlp_hidden']}, max length {size['max_len']}, "
+        f"RoPE theta {size['rope_theta']:g}; {training['params'] / 1e6:.2f}M parameters, fp32 safetensors",
+        "- tokenizer: byte-level BPE trained on the generated data (vocabulary "
+        f"{training.get('vocab', 'see tokenizer.json')}); LLaDA special tokens `<|startoftext|>` (bos), "
+        "`<|endoftext|>` (eos, pad), `<|mdm_mask|>` (mask), `<|start_header_id|>`, `<|end_header_id|>`, `<|eot_id|>`; "
+        "LLaDA chat template",
+        "",
+        "## Training",
+        "- data: `recipes/train_demo/data.py`: freshly generated samples of the 10 waiting-line tasks, "
+        "`puzzle/latin_square_n4` and `puzzle/sudoku_n4_12` (own seeds; every sample equal to an official test sample "
+        "dropped); random-output tasks get a freshly drawn valid answer per row",
+        "- objective: LLaDA SFT (prompt never masked; response = answer + `<|eot_id|>` + `<|endoftext|>` padding "
+        "to 32 / 64 tokens, masked at ratio t ~ U(0.001, 1), CE / t / response length)",
+        f"- {training['step']} steps of batch {a['batch_size']} ({training['step'] * a['batch_size']} examples), "
+        f"AdamW lr {a['lr']:g} (warmup {a['warmup']}, cosine), weight decay {a['weight_decay']:g}, seed {a['seed']}",
+        f"- wall time: {minutes:.0f} min of training on a shared 2-core CPU (1 thread, evaluation excluded)",
+        f"- command: `{command}`",
+        "",
+        "## ParallelBench scores (official test files)",
+        "One token per step: `sampler=low_confidence`, `steps = gen_length = block_length = max_new_tokens` (32 "
+        "waiting line, 64 puzzles), temperature 0, no cache; chats from `build_messages`; "
+        f"`python recipes/train_demo/evaluate.py --model {name}`.",
+        "",
+    ]
+    if scores is None:
+        lines.append("Not evaluated yet.")
+    else:
+        lines += ["| task | score | strict | target |", "|---|---|---|---|"]
+        for t in TASKS:
+            if t in scores["scores"]:
+                met = "met" if scores["scores"][t] >= TARGETS[t] else "**not met**"
+                lines.append(f"| {t} | {scores['scores'][t]:.1f} | {scores['strict'][t]:.1f} | {TARGETS[t]} ({met}) |")
+        lines.append(f"| mean | {scores['mean']:.1f} | | |")
+    if note:
+        lines += ["", note]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--run", required=True, help="training run directory (holds export/)")
+    ap.add_argument("--name", required=True, choices=("demo-llada", "demo-dream"))
+    ap.add_argument("--scores", default=None)
+    ap.add_argument("--command", default="see recipes/train_demo/README.md")
+    ap.add_argument("--note", default="")
+    args = ap.parse_args()
+
+    export = Path(args.run) / "export"
+    training = json.loads((export / "training.json").read_text())
+    tok_json = json.loads((export / "tokenizer.json").read_text())
+    training["vocab"] = len(tok_json["model"]["vocab"]) + sum(
+        t["content"] not in tok_json["model"]["vocab"] for t in tok_json["added_tokens"]
+    )
+    scores = json.loads(Path(args.scores).read_text().strip().splitlines()[-1]) if args.scores else None
+    dest = ROOT / "dlm_decode" / "demo_models" / args.name
+    tmp = dest.with_name(dest.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    for f in SHIPPED:
+        if (export / f).is_file():
+            shutil.copy2(export / f, tmp / f)
+    fold_chat_template(tmp)
+    (tmp / "README.md").write_text(card(args.name, training, scores, args.command, args.note))
+    old = dest.with_name(dest.name + ".old")
+    shutil.rmtree(old, ignore_errors=True)
+    if dest.exists():
+        os.replace(dest, old)
+    os.replace(tmp, dest)
+    shutil.rmtree(old, ignore_errors=True)
+    print(f"shipped {export} -> {dest}")
+
+
+if __name__ == "__main__":
+    main()
