@@ -15,7 +15,8 @@ Defaults follow the reference eval scripts: LLaDA ``delimiter_ids=(198,)`` (newl
 ``presets``). For another tokenizer (the demo models) use ``delimiter_ids_from_tokenizer(tok)``.
 
 Batches: each row gets its own block ends (the reference runs one row); rows that finish a block wait for the others,
-then every row starts its next block where its own previous one ended, so a row decodes as it would alone.
+then every row starts its next block where its own previous one ended, so a row decodes as it would alone. The
+chosen sizes are returned in ``out.scratch["adaptive_block"]`` (per block, per row; -1 for a finished row).
 Differences: confidences are float64 softmax probabilities (the reference computes the delimiter confidence in the
 logits dtype); MASK is never proposed; the top-1 of the threshold rule comes from ``torch.topk`` (reference: argmax).
 """
@@ -103,6 +104,8 @@ class AdaptiveBlock(Sampler):
         if state.block_step == 0:
             todo = ~state.finished
             state.block_end = torch.where(todo, self._block_ends(state, x0, conf, r0), state.block_end)
+            sizes = torch.where(todo, state.block_end - state.block_starts, -1)
+            state.scratch.setdefault(self.name, []).append(sizes.tolist())  # block sizes per row (-1: idle)
         cand = candidates(state, r0, r0 + logits.shape[1])
         commit = top1(conf, cand) | (cand & (conf >= self.threshold))
         return Selection(commit=commit, tokens=x0)
