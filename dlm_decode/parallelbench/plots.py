@@ -96,6 +96,7 @@ def plot_pareto(rows: list[dict[str, Any]], path: str | Path) -> Path:
         for s in front:
             xy = (s["tokens_per_second"], s["score"])
             ax.annotate(s["label"], xy, fontsize=7, xytext=(4, 3), textcoords="offset points")
+    ax.margins(x=0.15)
     ax.set_xlabel("throughput (generated tokens / s of decoding)")
     ax.set_ylabel(f"mean score over {len(all_tasks)} tasks")
     ax.set_title("ParallelBench: accuracy vs speed")
@@ -119,8 +120,7 @@ def plot_decoding_order(rows: list[dict[str, Any]], path: str | Path, task: str 
     fig, ax = plt.subplots(figsize=(9, 1.2 + 0.32 * max(1, len(mine))))
     if mine:
         grid = np.ma.masked_less(np.array([r["trace"] for r in mine], dtype=float), 0)
-        cmap = plt.get_cmap("viridis").copy()
-        cmap.set_bad("lightgrey")
+        cmap = plt.get_cmap("viridis").with_extremes(bad="lightgrey")
         im = ax.imshow(grid, aspect="auto", cmap=cmap, interpolation="nearest")
         fig.colorbar(im, ax=ax, label="step that committed the slot", pad=0.01)
         ax.set_yticks(range(len(mine)), [f"{r['label']} ({r['nfe']:.0f} steps)" for r in mine], fontsize=7)
