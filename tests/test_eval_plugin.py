@@ -346,15 +346,20 @@ def test_cli_fills_in_model_include_path_and_stats(tmp_path):
 
 
 @pytest.mark.slow
+@needs_pb
 def test_cli_end_to_end(tok_dirs, tmp_path):
     out = tmp_path / "out"
     cmd = [sys.executable, "-m", "dlm_decode.eval", "--model_args", f"pretrained={tok_dirs['llada']}",
-           "gen_length=16", "mc_num=2", "--tasks", "dlm_tiny_mc", "--limit", "2", "--output_path", str(out),
+           "gen_length=16", "mc_num=2", "--tasks", "dlm_tiny_mc,parallelbench_waiting_line_copy", "--limit", "2",
+           "--apply_chat_template", "--metadata", f"parallelbench_dir={SHARED_DATA}", "--output_path", str(out),
            "--log_samples"]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=300)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=600, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "dlm_tiny_mc" in proc.stdout
-    assert list(out.rglob("results_*.json")) and list(out.rglob("samples_dlm_tiny_mc_*.jsonl"))
+    assert "dlm_tiny_mc" in proc.stdout and "parallelbench_waiting_line_copy" in proc.stdout
+    assert list(out.rglob("results_*.json")) and list(out.rglob("samples_parallelbench_waiting_line_copy_*.jsonl"))
+    stats = (out / "dlm_decode_stats.jsonl").read_text().splitlines()
+    assert len(stats) == 2 and json.loads(stats[0])["nfe"] >= 1
 
 
 # ---------------------------------------------------------------------------------------------- data parallel

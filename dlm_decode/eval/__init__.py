@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from dlm_decode.eval.lm import DLMDecodeLM, Generation
+from dlm_decode.eval.answers import Generation
+from dlm_decode.eval.lm import DLMDecodeLM
 from dlm_decode.eval.options import EvalOptions, parse_model_args
 from dlm_decode.eval.tasks import TASKS_DIR
 

@@ -22,11 +22,9 @@ answers are ``str`` subclasses with a ``stats`` attribute, which the shipped tas
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -37,25 +35,12 @@ from tqdm.auto import tqdm
 from dlm_decode.cache import get_cache
 from dlm_decode.core.loop import generate
 from dlm_decode.eval import likelihood
+from dlm_decode.eval.answers import Generation, answer_stats, append_jsonl, cut_answer
 from dlm_decode.eval.options import EvalOptions, decode_config, describe, parse_model_args
 from dlm_decode.models.loading import load_model
 from dlm_decode.samplers import get_sampler
 
 log = logging.getLogger(__name__)
-
-
-class Generation(str):
-    """A generated answer that carries its decoding statistics (``.stats``); compares and serializes as text."""
-
-    stats: dict[str, Any]
-
-    def __new__(cls, text: str, stats: dict[str, Any]) -> Generation:
-        obj = super().__new__(cls, text)
-        obj.stats = stats
-        return obj
-
-    def __reduce__(self):  # pickling (lm-eval's response cache) keeps the statistics
-        return (Generation, (str(self), self.stats))
 
 
 class ChatPrompt(str):
@@ -75,6 +60,16 @@ def _parse_batch_size(batch_size: Any, max_batch: int) -> int:
     if value < 1:
         raise ValueError(f"batch_size must be >= 1, got {value}")
     return value
+
+
+def _harness_device(device: str | None) -> str:
+    """lm-eval's ``--device`` (its CLI defaults to ``cuda:0`` even without a GPU): CUDA falls back to the CPU when
+    there is none; ``device=`` in model_args is taken as given."""
+    if device and not (str(device).startswith("cuda") and not torch.cuda.is_available()):
+        return str(device)
+    if device:
+        log.warning("dlm_decode: --device %s but CUDA is not available; using cpu", device)
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 @register_model("dlm_decode")
@@ -102,6 +97,8 @@ class DLMDecodeLM(LM):
             )
         if model is not None and (isinstance(model, str) or not hasattr(model, "denoise")):
             raise ValueError("model= takes a loaded dlm_decode model; pass a path or demo name as pretrained=")
+        if isinstance(tokenizer, str):
+            raise ValueError("tokenizer= takes a loaded tokenizer; the checkpoint directory's own tokenizer is used")
         self.batch_size = _parse_batch_size(batch_size, opts.max_batch)
         del max_batch_size  # only meaningful for lm-eval's own auto batch search
         self.sampler = get_sampler(opts.sampler, opts.sampler_options)
@@ -115,7 +112,7 @@ class DLMDecodeLM(LM):
             self._world_size = self.accelerator.num_processes
             target = self.accelerator.device
         else:
-            target = opts.device or device or ("cuda" if torch.cuda.is_available() else "cpu")
+            target = opts.device or _harness_device(device)
         if model is None:
             model, loaded_tok = load_model(opts.pretrained, dtype=opts.dtype, device=target)
             tokenizer = tokenizer if tokenizer is not None else loaded_tok
@@ -239,10 +236,10 @@ class DLMDecodeLM(LM):
         n_spaces = len(text) - len(text.rstrip())
         if n_spaces and not rendered:
             continuation, text = text[-n_spaces:] + continuation, text[:-n_spaces]
-        ctx = self._encode(text, rendered) if text else []
+        ctx = self._encode(text, rendered)  # an empty context still gets the tokenizer's BOS, if it adds one
         whole = self._encode(text + continuation, rendered)
         cont = whole[len(ctx) :]
-        if not ctx:
+        if not ctx:  # the model needs one visible token before the continuation (Dream's shift reads it)
             ctx = [self.prefix_token_id]
         return self._truncate(ctx, cont)
 
@@ -315,64 +312,17 @@ class DLMDecodeLM(LM):
                 )
                 for j, (it, row) in enumerate(zip(chunk, res.rows, strict=True)):
                     index, ids, until, _, req = it
-                    text = self._cut(row, until)
-                    stats = self._stats(req, row, res, j, len(ids), gen_length)
+                    text = cut_answer(row, until, self.tokenizer, self.model.mask_token_id)
+                    stats = answer_stats(req, row, res, j, len(ids), gen_length)
                     out[index] = Generation(text, stats)
                     records.append(stats)
                     self.cache_hook.add_partial("generate_until", req.args, text)
                 bar.update(len(chunk))
         bar.close()
         self.request_stats.extend(records)
-        self._write_stats(records)
+        if self.options.stats_path and records:
+            append_jsonl(self.options.stats_path, records, self.rank, self.world_size)
         return out
-
-    def _cut(self, row: Any, until: list[str]) -> str:
-        """The row's text (ends at EOS / end of turn), cut before the earliest ``until`` string."""
-        text = row.text or ""
-        special = set(getattr(self.tokenizer, "all_special_tokens", []))
-        for u in until:  # special tokens are skipped when decoding, so cut those on the ids
-            if u in special:
-                tid = self.tokenizer.convert_tokens_to_ids(u)
-                if tid in row.generated_ids:
-                    head = row.generated_ids[: row.generated_ids.index(tid)]
-                    cut = self.tokenizer.decode(
-                        [t for t in head if t != self.model.mask_token_id], skip_special_tokens=True
-                    )
-                    text = cut if len(cut) < len(text) else text
-        ends = [text.find(u) for u in until if u in text]
-        return text[: min(ends)] if ends else text
-
-    def _stats(self, req: Any, row: Any, res: Any, j: int, prompt_tokens: int, gen_length: int) -> dict[str, Any]:
-        per_step = [step[j] for step in res.tokens_per_step]
-        while per_step and per_step[-1] == 0:
-            per_step.pop()
-        committed = sum(per_step)
-        return {
-            "task": getattr(req, "task_name", None),
-            "doc_id": getattr(req, "doc_id", None),
-            "idx": getattr(req, "idx", None),
-            "prompt_tokens": prompt_tokens,
-            "gen_length": gen_length,
-            "nfe": row.nfe,
-            "committed": committed,
-            "tokens_per_step": committed / row.nfe if row.nfe else 0.0,
-            "step_commits": per_step,
-            "batch_rows": len(res.rows),
-            "batch_seconds": res.seconds,
-            "sampler": self.options.sampler,
-            "cache": self.options.cache,
-        } | ({"error": row.error} if row.error else {})
-
-    def _write_stats(self, records: list[dict[str, Any]]) -> None:
-        if not self.options.stats_path or not records:
-            return
-        path = Path(self.options.stats_path)
-        if self.world_size > 1:
-            path = path.with_name(f"{path.stem}.rank{self.rank}{path.suffix}")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with path.open("a", encoding="utf-8") as f:
-            for r in records:
-                f.write(json.dumps(r) + "\n")
 
     # ------------------------------------------------------------------------------------ likelihood
     def _loglikelihood_ids(
