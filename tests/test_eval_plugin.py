@@ -160,10 +160,13 @@ def test_generate_until_order_cuts_and_batch_invariance(lms, which):
     assert any(e != a for e, a in zip(expected, alone, strict=True))
 
 
-def test_gen_length_follows_the_task_budget_in_whole_blocks(lms):
-    lm = DLMDecodeLM(model=lms["llada"].model, tokenizer=lms["llada"].tokenizer, block_length=8, progress=False)
+def test_gen_length_follows_the_task_budget_and_chat_wraps_the_context(lms):
+    model, tok = lms["llada"].model, lms["llada"].tokenizer
+    lm = DLMDecodeLM(model=model, tokenizer=tok, block_length=8, chat=True, progress=False)
     out = lm.generate_until([_req("generate_until", ("w5 w6", {"until": [], "max_gen_toks": 12}))])
-    assert out[0].stats["gen_length"] == 16
+    assert out[0].stats["gen_length"] == 16  # 12 rounded up to whole blocks of 8
+    direct = dlm_decode.generate(model, ["w5 w6"], tokenizer=tok, chat=True, gen_length=16, block_length=8)
+    assert out[0] == direct.rows[0].text and out[0].stats["prompt_tokens"] == len(direct.rows[0].prompt_ids)
     with pytest.raises(ValueError, match="model="):
         DLMDecodeLM(model="demo-llada", tokenizer=None)
 
@@ -202,6 +205,14 @@ def test_single_token_likelihood_is_exact(lms, which):
         for method in ("llada", "dream"):
             (est,) = likelihood.loglikelihoods(model, [(ctx, [tok])], mc_num=64, method=method)
             assert est == pytest.approx(brute_force_elbo(model, ctx, [tok]), abs=1e-5)
+    # classifier-free guidance: un + (s + 1)(cond - un), the context masked in the unconditional copy
+    m = model.mask_token_id
+    with torch.no_grad():
+        raw_c, raw_u = model(torch.tensor([ctx + [m], [m] * 4 + [m]])).logits.float()
+    i = len(ctx) - model.logit_shift  # the hidden state that predicts the continuation slot
+    guided = torch.log_softmax(raw_u[i] + 2.5 * (raw_c[i] - raw_u[i]), -1)
+    (est,) = likelihood.loglikelihoods(model, [(ctx, [9])], cfg_scale=1.5)
+    assert est == pytest.approx(float(guided[9]), abs=1e-5)
 
 
 # Dream's continuous-time estimator weighs rare small mask ratios by 1/t: measured here, its standard deviation
@@ -309,6 +320,16 @@ def test_every_shipped_task_is_indexed(task_manager):
     names = set(task_manager.all_tasks)
     pb = {f"parallelbench_waiting_line_{op}" for op in ("copy", "reverse", "sort", "shuffle", "insert_random")}
     assert {"dlm_tiny_mc", "dlm_humaneval", "parallelbench", "parallelbench_puzzle_sudoku_n4_12"} | pb <= names
+
+
+def test_humaneval_runs_through_lm_eval(lms, task_manager, monkeypatch):
+    monkeypatch.setenv("HF_ALLOW_CODE_EVAL", "1")
+    with pytest.raises(ValueError, match="confirm_run_unsafe_code"):
+        lm_eval.simple_evaluate(model=lms["llada"], tasks=["dlm_humaneval"], task_manager=task_manager, limit=1)
+    res = lm_eval.simple_evaluate(
+        model=lms["llada"], tasks=["dlm_humaneval"], task_manager=task_manager, limit=1, confirm_run_unsafe_code=True
+    )
+    assert res["results"]["dlm_humaneval"]["pass@1,none"] == 0.0  # a random model's words are not Python
 
 
 def test_humaneval_executes_only_with_the_opt_in(monkeypatch):
