@@ -235,3 +235,13 @@ def test_bad_cache_names_and_options_fail_loudly():
     with pytest.raises(ValueError, match="has no option"):
         get_cache("dual", {"interval": 2})
     assert get_cache("dkv_decode", {"refresh_interval": "4"}).refresh_interval == 4
+
+
+@pytest.mark.parametrize("cache", CACHED)
+def test_classifier_free_guidance_doubles_the_store_rows(llada, cache):
+    out = _run(llada, "low_confidence", cache, cfg_scale=1.0)
+    ref = _run(llada, "low_confidence", cache, cfg_scale=1.0, cache_options=EVERY_STEP[cache])
+    assert torch.equal(ref.sequences, _run(llada, "low_confidence", "none", cfg_scale=1.0).sequences)
+    assert not (out.sequences == llada.mask_token_id).any()
+    n_layers, n_kv, hd = llada.kv_shape()
+    assert out.cache_bytes == 2 * n_layers * 2 * len(PROMPTS) * n_kv * out.sequences.shape[1] * hd * 4

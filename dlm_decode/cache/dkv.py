@@ -15,8 +15,10 @@ fresh K/V back. Four variants, registered as caches:
 * ``dkv_pd``: prefill + decode: the prompt as in ``dkv_prefill``; the generation region as in ``dkv_decode``, its
   periodic refresh recomputing the generation region only.
 
-Reference: horseee/dKV-Cache (LLaDA ``generate`` with ``cache_reloading_step``; Dream ``_sample``), re-implemented
-from the paper and that code's behaviour. Compute sets differ per row, so they go to the model as ``[B, Q]`` sorted
+Reference: horseee/dKV-Cache (LLaDA ``generate`` with ``enable_cache`` / ``cache_reloading_step``, read from a
+public copy of its ``llada_dkv_cache_decode.py``: per block, step 0 is a full forward, later steps run
+``x[~prv_transfer_idx]`` -- everything not decoded before the previous step -- and block steps ``i % N == 0``
+refresh), re-implemented from that behaviour and the paper. Compute sets differ per row, so they go to the model as ``[B, Q]`` sorted
 slot ids (padding by duplicates, see ``plans``); at batch 1 that is one gather and one scatter per layer, not the
 reference's token reordering, so the speedup does not need large batches.
 

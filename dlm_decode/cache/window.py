@@ -16,7 +16,8 @@ whenever the phase decodes fewer than ``window_tokens - active_tokens`` tokens).
 masked slot of the sampler's region is computed too, so the loop can finish the block. With Dream's shift the slot
 before each active mask is computed as well. The reference's Dream variant commits only the first mask at a full
 step; we follow the LLaDA variant for both models. Sampler counts are unchanged (a fixed schedule or Dream's count
-still counts every mask); a count larger than the active masks commits only those. ``refresh_cycle=1`` refreshes
+still counts every mask); a count larger than the active masks commits only those, and an all-in commit (a row
+stopping early) fills only the active masks with proposals, the loop fills the rest. ``refresh_cycle=1`` refreshes
 every step and reproduces decoding without a cache.
 """
 
