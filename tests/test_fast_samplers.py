@@ -338,6 +338,23 @@ def test_adaptive_block_rows_keep_their_own_blocks():
     assert out.trace[0, :4].max() < out.trace[0, 4:].min() and out.trace[1, :7].max() < out.trace[1, 7:].min()
 
 
+def test_variable_blocks_keep_rows_independent_and_caches_exact(llada):
+    # many delimiters and a low threshold: every row gets its own sequence of block sizes
+    opts = {"delimiter_ids": tuple(range(0, 64, 3)), "delimiter_threshold": 0.02}
+    prompts = [[5, 9, 17, 3, 40, 22], [7, 2, 33], [11, 30, 30, 8, 19]]
+    batch = _run(llada, "adaptive_block", prompts, sampler_options=opts, gen_length=24, block_length=8)
+    sizes = batch.scratch["adaptive_block"]
+    assert len({tuple(s) for s in sizes}) > 1 and any(len(set(s) - {-1}) > 1 for s in sizes)
+    for i, p in enumerate(prompts):
+        alone = _run(llada, "adaptive_block", [p], sampler_options=opts, gen_length=24, block_length=8)
+        assert alone.rows[0].generated_ids == batch.rows[i].generated_ids
+        assert [s[0] for s in alone.scratch["adaptive_block"]] == [s[i] for s in sizes if s[i] > 0]
+    for cache in ("prefix", "dual"):
+        out = _run(llada, "adaptive_block", prompts, sampler_options=opts, gen_length=24, block_length=8, cache=cache,
+                   cache_options={"refresh_interval": 1})  # fmt: skip
+        assert torch.equal(out.sequences, batch.sequences), cache
+
+
 def test_delimiter_ids_from_tokenizer():
     class Tok:
         def get_vocab(self):
