@@ -18,9 +18,9 @@ fresh K/V back. Four variants, registered as caches:
 Reference: horseee/dKV-Cache (LLaDA ``generate`` with ``enable_cache`` / ``cache_reloading_step``, read from a
 public copy of its ``llada_dkv_cache_decode.py``: per block, step 0 is a full forward, later steps run
 ``x[~prv_transfer_idx]`` -- everything not decoded before the previous step -- and block steps ``i % N == 0``
-refresh), re-implemented from that behaviour and the paper. Compute sets differ per row, so they go to the model as ``[B, Q]`` sorted
-slot ids (padding by duplicates, see ``plans``); at batch 1 that is one gather and one scatter per layer, not the
-reference's token reordering, so the speedup does not need large batches.
+refresh), re-implemented from that behaviour and the paper. Compute sets differ per row, so they go to the model
+as ``[B, Q]`` sorted slot ids (padding by duplicates, see ``plans``); at batch 1 that is one gather and one scatter
+per layer, not the reference's token reordering, so the speedup does not need large batches.
 
 Differences, on purpose: (1) the reference also runs a full forward at a block's second step (its delayed index is
 not set up yet); we need not, the first step's snapshot suffices. (2) dKV-Cache-Greedy in the reference pairs with
