@@ -20,8 +20,8 @@ Differences from the references, on purpose: samples are stratified over all ``M
 stratifies within each forward batch) and rounded half up (LLaDA's half-to-even rounding skews some strata); each
 request draws its masks from its own ``torch.Generator`` seeded from the run seed and the request's tokens, so
 results do not depend on batch composition, request order or the number of processes; Dream's logits are read with
-the model's one-position shift (``hidden[i-1]`` predicts token ``i``; ``model.denoise`` aligns them), where Dream's
-harness reads the unshifted logits, and no EOS is appended to the continuation. Classifier-free guidance follows
+the model's one-position shift (``hidden[i-1]`` predicts token ``i``), where Dream's harness reads the unshifted
+logits, and no EOS is appended to the continuation. Classifier-free guidance follows
 LLaDA: the unconditional copy masks the context, and the guided logits are ``un + (cfg + 1) (cond - un)``.
 """
 
@@ -87,44 +87,48 @@ def build_rows(
 
 
 @torch.no_grad()
-def row_losses(model, rows: Sequence[Row], *, cfg_scale: float = 0.0) -> torch.Tensor:
-    """[N] masked cross-entropy / ratio of each row, computed in one left-padded forward."""
+def row_losses(model, rows: Sequence[Row], *, cfg_scale: float = 0.0, head_chunk: int = 4096) -> torch.Tensor:
+    """[N] masked cross-entropy / ratio of each row, from one left-padded forward.
+
+    The LM head runs only on the hidden states that predict masked continuation slots, ``head_chunk`` at a time,
+    so memory does not grow with ``rows x length x vocabulary``.
+    """
     mask_id = model.mask_token_id
     device = next(model.parameters()).device
     b = len(rows)
     t = max(len(r.context) + len(r.continuation) for r in rows)
-    lmax = max(len(r.continuation) for r in rows)
     clean = torch.zeros(b, t, dtype=torch.long)  # pad id is irrelevant: padded keys are invisible
     valid = torch.zeros(b, t, dtype=torch.bool)
     is_ctx = torch.zeros(b, t, dtype=torch.bool)
-    scored = torch.zeros(b, lmax, dtype=torch.bool)  # masked continuation slots, right-aligned in the region
+    scored = torch.zeros(b, t, dtype=torch.bool)  # masked continuation slots
     for i, r in enumerate(rows):
         ids = r.context + r.continuation
         n, ll = len(ids), len(r.continuation)
         clean[i, t - n :] = torch.tensor(ids)
         valid[i, t - n :] = True
         is_ctx[i, t - n : t - ll] = True
-        scored[i, lmax - ll :] = r.mask
-    noisy = clean.clone()
-    noisy[:, t - lmax :][scored] = mask_id
+        scored[i, t - ll :] = r.mask
+    noisy = torch.where(scored, mask_id, clean)
     canvas, keys = noisy, valid
     if cfg_scale > 0:  # unconditional copy: the context masked (LLaDA)
-        un = noisy.clone()
-        un[is_ctx] = mask_id
-        canvas, keys = torch.cat([noisy, un]), torch.cat([valid, valid])
+        canvas, keys = torch.cat([noisy, torch.where(is_ctx, mask_id, noisy)]), torch.cat([valid, valid])
     positions = (keys.long().cumsum(1) - 1).clamp(min=0)
-    logits = model.denoise(
-        canvas.to(device), positions.to(device), region=(t - lmax, t), key_mask=keys.to(device)
-    ).float()  # [B or 2B, Lmax, V]
-    if cfg_scale > 0:
-        cond, unc = logits.chunk(2)
-        logits = unc + (cfg_scale + 1) * (cond - unc)
-    logp = torch.log_softmax(logits, -1)
-    target = clean[:, t - lmax :].to(device)  # [B, Lmax]
-    ce = -logp.gather(-1, target[..., None]).squeeze(-1).double()  # [B, Lmax]
-    ce = torch.where(scored.to(device), ce, torch.zeros_like(ce))
+    hidden = model.hidden_states(canvas.to(device), positions.to(device), key_mask=keys.to(device))  # [B', T, d]
+    row, slot = scored.nonzero(as_tuple=True)  # [N] each
+    src = (slot - model.logit_shift).to(device)  # the hidden state predicting each slot (Dream: the one before)
+    row, target = row.to(device), clean[scored].to(device)
+    ce = torch.empty(row.shape[0], dtype=torch.float64, device=device)
+    for s in range(0, row.shape[0], head_chunk):
+        r, j = row[s : s + head_chunk], src[s : s + head_chunk]
+        logits = model.output_logits(hidden[r, j]).float()  # [n, V]
+        if cfg_scale > 0:
+            un = model.output_logits(hidden[r + b, j]).float()
+            logits = un + (cfg_scale + 1) * (logits - un)
+        logp = torch.log_softmax(logits, -1)
+        ce[s : s + head_chunk] = -logp.gather(-1, target[s : s + head_chunk, None]).squeeze(-1).double()
+    totals = torch.zeros(b, dtype=torch.float64, device=device).index_add_(0, row, ce)
     ratio = torch.tensor([max(r.ratio, 1e-12) for r in rows], dtype=torch.float64, device=device)
-    return (ce.sum(1) / ratio).cpu()
+    return (totals / ratio).cpu()
 
 
 def loglikelihoods(
