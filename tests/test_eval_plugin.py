@@ -429,8 +429,8 @@ def test_demo_lm_eval_score_equals_direct_decoding(task_manager):
     from dlm_decode.parallelbench import build_messages, load_task, score_sample
 
     decoding = dict(sampler="low_confidence", gen_length=32, block_length=32, steps=32, temperature=0.0, seed=0)
-    lm = DLMDecodeLM(pretrained="demo-llada", progress=False, **decoding)
-    n = 6
+    lm = DLMDecodeLM(pretrained="demo-llada", batch_size=2, progress=False, **decoding)
+    n = 4
     res = lm_eval.simple_evaluate(
         model=lm,
         tasks=["parallelbench_waiting_line_copy"],

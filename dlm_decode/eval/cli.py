@@ -4,10 +4,11 @@ visible.
     dlm-decode eval --model_args pretrained=demo-llada,sampler=low_confidence --tasks dlm_tiny_mc --limit 4
     dlm-decode eval ls tasks
 
-Everything after ``eval`` goes to lm-eval 0.4.13's CLI unchanged, except for three defaults filled in when absent
-(for ``run``, the implicit default subcommand): ``--model dlm_decode``, ``--include_path`` = the shipped task folder
-(lm-eval takes one such path; give your own and the shipped tasks are not indexed), and, with ``--output_path`` and
-the ``dlm_decode`` model, ``stats_path`` = per-request decoding statistics as JSONL next to the results.
+Everything after ``eval`` goes to lm-eval 0.4.13's CLI unchanged, except for defaults filled in when absent (for
+``run``, the implicit default subcommand): ``--model dlm_decode`` (unless a ``--config`` file is given);
+``--include_path`` = the shipped task folder (lm-eval takes one such path: give your own and the shipped tasks are
+not indexed); and, with ``--output_path`` and the ``dlm_decode`` model, ``stats_path`` = per-request decoding
+statistics as JSONL next to the results.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ def lm_eval_argv(args: list[str]) -> list[str]:
     if not _has(rest, "--include_path"):
         rest += ["--include_path", str(TASKS_DIR)]
     if command == "run":
-        if not _has(rest, "--model", "-M"):
+        if not _has(rest, "--model", "-M", "--config", "-C"):  # a --config file names its own model
             rest += ["--model", "dlm_decode"]
         model = _value(rest, "--model", "-M")
         output = _value(rest, "--output_path", "-o")
