@@ -41,6 +41,7 @@ from dlm_decode.models.loading import load_model
 from dlm_decode.samplers import get_sampler
 
 log = logging.getLogger(__name__)
+DEFAULT_MAX_LENGTH = 4096  # LLaDA's harness default; Dream's config allows 131072, far past what MC scoring can afford
 
 
 class ChatPrompt(str):
@@ -122,7 +123,7 @@ class DLMDecodeLM(LM):
             raise ValueError(f"{opts.pretrained or type(model).__name__}: no tokenizer (lm-eval works on text)")
         self.model, self.tokenizer = model.eval(), tokenizer
         self._device = torch.device(target)
-        self.max_length = min(opts.max_length or model.max_sequence_length, model.max_sequence_length)
+        self.max_length = min(opts.max_length or DEFAULT_MAX_LENGTH, model.max_sequence_length)
         self.ll_method = opts.ll_method
         if self.ll_method == "auto":
             self.ll_method = "dream" if getattr(model, "logit_shift", 0) == 1 else "llada"

@@ -57,7 +57,7 @@ class EvalOptions:
     greedy_check: bool = True  # compute is_greedy (one extra decode per request); False answers is_greedy=False
     # execution
     max_batch: int = 32  # rows per model forward (generation rows, Monte Carlo rows)
-    max_length: int | None = None  # context + generation cap (default: the model's maximum sequence length)
+    max_length: int | None = None  # context + generation cap (default: 4096, at most the model's maximum)
     stats_path: str | None = None  # append per-request decoding statistics here as JSONL
     progress: bool = True
 
