@@ -461,3 +461,16 @@ def test_presets_resolve(llada):
     out = dlm_decode.generate(llada, PROMPTS[:1], **kw)
     assert out.nfe <= 16 and out.sampler["thresholds"] == [8.0, 5.0, 3.5]
     assert get_preset("adablock_dream").options["delimiter_threshold"] == 0.5
+
+
+@pytest.mark.parametrize(
+    "name,opts,kw",
+    [("learned_filter", {"eotp": True}, {"steps": 32}), ("early_commit", {"thresholds": (0.6, 0.6, 0.6)}, {})],
+)
+def test_cuts_and_early_stops_keep_rows_independent(llada, name, opts, kw):
+    prompts = [[5, 9, 17, 3, 40, 22], [7, 2, 33], [11, 30, 30, 8, 19]]
+    batch = _run(llada, name, prompts, sampler_options=opts, gen_length=32, block_length=8, **kw)
+    assert len({r.nfe for r in batch.rows}) > 1  # rows really stop at different steps
+    for i, p in enumerate(prompts):
+        alone = _run(llada, name, [p], sampler_options=opts, gen_length=32, block_length=8, **kw)
+        assert alone.rows[0].generated_ids == batch.rows[i].generated_ids and alone.rows[0].nfe == batch.rows[i].nfe
