@@ -5,4 +5,8 @@ import sys
 from dlm_decode.eval.cli import main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except (ValueError, FileNotFoundError) as e:  # bad model_args, missing checkpoint or data: one line, exit 2
+        print(f"dlm-decode eval: error: {e}", file=sys.stderr)
+        sys.exit(2)
