@@ -118,8 +118,9 @@ def test_filter_round_trip_and_checks(tmp_path):
         load_filter(tmp_path / "missing")
 
 
-def test_recipe_end_to_end_on_a_tiny_checkpoint(llada, tmp_path):
+def test_recipe_end_to_end_on_a_tiny_checkpoint(llada, llada_dir, tmp_path):
     data, fit = _recipe("oracle_data"), _recipe("train_filter")
+    assert len(data.model_sha256(str(llada_dir))) == 64
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("\n".join(json.dumps({"prompt": p}) for p in ["w5 w9 w17", "w7 w2", "w11 w30 w8 w19"]))
     rows = data.load_prompts(prompts, "train", None)

@@ -15,6 +15,7 @@ never from benchmark test files. Writes ``<out>.safetensors`` (``conf``, ``label
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import time
 from collections import defaultdict
@@ -25,6 +26,19 @@ from safetensors.torch import save_file
 
 import dlm_decode
 from dlm_decode.samplers.oracle import oracle_generate
+
+
+def model_sha256(name_or_path: str) -> str | None:
+    """Hash of the checkpoint weights, so a filter can be matched to the model it was trained for."""
+    from dlm_decode.models.loading import resolve_model_path
+
+    files = sorted(resolve_model_path(name_or_path).glob("*.safetensors"))
+    if not files:
+        return None
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f.read_bytes())
+    return h.hexdigest()
 
 
 def load_prompts(path: str | Path, split: str, limit: int | None) -> list[tuple[list[dict] | str, int | None]]:
@@ -117,6 +131,7 @@ def main(argv: list[str] | None = None) -> dict:
     save_file({"conf": conf.contiguous(), "label": label.contiguous()}, str(out.with_suffix(".safetensors")))
     stats |= {
         "model": str(args.model),
+        "model_sha256": model_sha256(args.model),
         "data": str(args.data),
         "split": args.split,
         "block_length": args.block_length,

@@ -112,7 +112,12 @@ def main(argv: list[str] | None = None) -> dict:
         "test": evaluate(model, conf[te], label[te], args.accept),
     }
     meta = json.loads(data.with_suffix(".json").read_text()) if data.with_suffix(".json").is_file() else {}
-    path = save_filter(model, args.out, training=stats, data={k: meta.get(k) for k in ("model", "data", "split")})
+    path = save_filter(
+        model,
+        args.out,
+        training=stats,
+        data={k: meta.get(k) for k in ("model", "model_sha256", "data", "split", "records")},
+    )
     stats["filter"] = str(path)
     print(json.dumps(stats))
     return stats
