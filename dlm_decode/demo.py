@@ -6,13 +6,15 @@ and every cache registered, in a few minutes on a laptop CPU.
 Tasks are waiting-line and puzzle tasks regenerated with a held-out seed (``HELD_OUT_SEED``: neither the official
 test files, whose samples are excluded, nor the demo model's training or evaluation seeds) from the task configs of
 the ParallelBench data directory (``--data``, ``$DLM_PARALLELBENCH_DATA`` or ``../shared/data/parallelbench``).
-Configurations: the baseline (``low_confidence``, one token per step, no cache), every other registered sampler with
-its default options and no cache (fixed-budget ones at ``k = 2`` tokens per step, so they decode in parallel too),
-the primary parallel sampler (``threshold`` when registered) with every registered cache, and the per-sample
-oracle bound; at most ``--max-configs`` of them. A configuration that does not apply to the model (say a sampler
-that needs a trained filter) is listed with the reason instead of a score. Every (configuration, task) pair decodes
-the task's samples as one batch; the table gives task, sampler, cache, score (mean x 100), NFE (mean per sample),
-tokens per step (gen length / NFE) and tokens per second of decoding, then the means over tasks.
+Configurations: the baseline (``low_confidence``, one token per step, no cache), naive top-k (``low_confidence`` at
+``k = 4`` tokens per step), every other registered sampler with its default options and no cache (fixed-budget ones
+at ``k = 4`` as well), the primary parallel sampler (``threshold`` when registered) with every registered cache, and
+the per-sample oracle bound (Learn2PD; its reference decode is the baseline's, so it costs one extra pass); at most
+``--max-configs`` of them. A configuration that does not apply to the model (say a sampler that needs a trained
+filter) is listed with the reason instead of a score. Every (configuration, task) pair decodes the task's samples as
+one batch; the table gives task, sampler, cache, score (mean x 100), NFE (mean per sample), tokens per step (gen
+length / NFE) and tokens per second of decoding, then the means over tasks. Defaults (6 tasks x 4 samples, about 22
+configurations) take a few minutes on two idle CPU cores with the demo model; ``--quick`` well under a minute.
 """
 
 from __future__ import annotations
@@ -26,8 +28,6 @@ HELD_OUT_SEED = 3_000_017  # official seeds are five-digit; the demo model train
 DEMO_TASKS = [
     "waiting_line/copy",
     "waiting_line/reverse",
-    "waiting_line/sort",
-    "waiting_line/insert_index",
     "waiting_line/replace_random",
     "waiting_line/shuffle",
     "puzzle/latin_square_n4",
@@ -37,31 +37,32 @@ QUICK_TASKS = ["waiting_line/copy", "waiting_line/shuffle", "puzzle/sudoku_n4_12
 BASELINE = "low_confidence"
 PRIMARY = ("threshold", "factor", BASELINE)  # the first registered one is crossed with every cache
 QUICK_SAMPLERS = ("threshold", "factor", "local_leap", "entropy_threshold")
-FIXED_BUDGET_K = 2
+FIXED_BUDGET_K = 4  # fixed-budget samplers other than the baseline: tokens per step
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="demo-llada", help="shipped demo name or checkpoint directory")
     p.add_argument("--data", default=None, help="ParallelBench data directory (task configs and names)")
-    p.add_argument("--samples", type=int, default=8, help="samples per task (default 8; --quick: 4)")
-    p.add_argument("--tasks", default=None, help="comma-separated tasks (default: 8 waiting-line and puzzle tasks)")
+    p.add_argument("--samples", type=int, default=None, help="samples per task (default 4; --quick: 2)")
+    p.add_argument("--tasks", default=None, help="comma-separated tasks (default: 6 waiting-line and puzzle tasks)")
     p.add_argument("--seed", type=int, default=HELD_OUT_SEED, help="task generation seed (default: held out)")
     p.add_argument("--max-configs", type=int, default=24, help="cap on sampler x cache configurations")
-    p.add_argument("--quick", action="store_true", help="3 tasks, 4 samples, a few samplers and caches")
+    p.add_argument("--quick", action="store_true", help="3 tasks, 2 samples, a few samplers and caches")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--device", default="cpu")
     p.add_argument("--json", action="store_true", help="print one JSON object last")
 
 
 def demo_configs(quick: bool = False, max_configs: int = 24) -> list[dict[str, Any]]:
-    """(label, sampler, cache) configurations from the registries at call time; the oracle bound last."""
+    """(label, sampler, cache, k) configurations from the registries at call time; the first (the baseline) also
+    computes the oracle bound, reported as its own row."""
     from dlm_decode.cache import CACHES
     from dlm_decode.samplers import SAMPLERS, get_sampler
 
     def cfg(sampler: str, cache: str = "none", k: int | None = None) -> dict[str, Any]:
         return {"sampler": sampler, "cache": cache, "k": k, "label": sampler + (f" k={k}" if k else "")}
 
-    configs = [cfg(BASELINE, k=1)]
+    configs = [cfg(BASELINE, k=1) | {"oracle": True}, cfg(BASELINE, k=FIXED_BUDGET_K)]
     names = [s for s in SAMPLERS if s not in (BASELINE, "oracle")]
     if quick:
         names = [s for s in QUICK_SAMPLERS if s in SAMPLERS]
@@ -73,7 +74,7 @@ def demo_configs(quick: bool = False, max_configs: int = 24) -> list[dict[str, A
         caches = [c for c in ("prefix", "dual") if c in CACHES] or caches[:2]
     k = None if not get_sampler(primary).fixed_budget else 1
     configs += [cfg(primary, c, k) for c in caches]
-    return configs[: max(1, max_configs - 1)] + [{"sampler": "oracle", "cache": "none", "k": None, "label": "oracle"}]
+    return configs[: max(1, max_configs)]
 
 
 def _load_model(name: str, dtype: str, device: str):
@@ -97,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
 
     from dlm_decode.parallelbench.runner import load_tasks, run_task
 
-    samples = args.samples if not args.quick or args.samples != 8 else 4
+    samples = args.samples if args.samples is not None else (2 if args.quick else 4)
     if samples < 1:
         raise ValueError(f"--samples must be >= 1, got {samples}")
     names = [t.strip() for t in args.tasks.split(",")] if args.tasks else (QUICK_TASKS if args.quick else DEMO_TASKS)
@@ -114,16 +115,27 @@ def run(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     rows: list[dict[str, Any]] = []
+    oracle_rows: list[dict[str, Any]] = []
     units = [(c, t) for c in configs for t in tasks]
     for c, t in tqdm(units, desc="demo", unit="run", file=sys.stderr):
         decoding = {"sampler": c["sampler"], "cache": c["cache"], "temperature": 0.0, "seed": 0}
         row = {"task": t.name, "config": c["label"], "sampler": c["sampler"], "cache": c["cache"]}
         try:
-            res = run_task(model, tok, t, decoding, k=c["k"], batch_size=samples)
+            res = run_task(model, tok, t, decoding, k=c["k"], batch_size=samples, oracle=bool(c.get("oracle")))
         except ValueError as e:  # the configuration does not apply to this model / task
             rows.append(row | {"skipped": str(e).splitlines()[0]})
             continue
         rows.append(row | {k: v for k, v in res.to_json().items() if k in _KEEP})
+        if res.oracle_nfe:
+            bound = {
+                "score": res.oracle_score,
+                "nfe": res.oracle_nfe,
+                "tokens_per_step": res.gen_length / res.oracle_nfe,
+            }
+            oracle_rows.append(
+                {"task": t.name, "config": "oracle (bound)", "sampler": "oracle", "cache": "none"} | bound
+            )
+    rows += oracle_rows
     print(format_demo(rows))
     if args.json:
         print(json.dumps({"model": str(args.model), "seed": args.seed, "samples": samples, "rows": rows}))
@@ -142,7 +154,8 @@ def format_demo(rows: list[dict[str, Any]]) -> str:
 
     head = ["task", "sampler", "cache", "score", "NFE", "tok/step", "tok/s"]
     body, skipped = [], {}
-    for r in rows:
+    tasks = list(dict.fromkeys(r["task"] for r in rows))
+    for r in sorted(rows, key=lambda r: tasks.index(r["task"])):  # stable: configurations keep their order
         if r.get("skipped"):
             skipped.setdefault(r["config"] + " / " + r["cache"], r["skipped"])
             continue
@@ -154,7 +167,7 @@ def format_demo(rows: list[dict[str, Any]]) -> str:
                 f(r["score"]),
                 f(r["nfe"]),
                 f(r["tokens_per_step"], 2),
-                f(r["tokens_per_second"]),
+                f(r.get("tokens_per_second")),
             ]
         )
     order: dict[tuple[str, str], list[dict[str, Any]]] = {}
@@ -163,8 +176,9 @@ def format_demo(rows: list[dict[str, Any]]) -> str:
             order.setdefault((r["config"], r["cache"]), []).append(r)
     for (cfg, cache), rs in order.items():
         n = len(rs)
-        secs = sum(r["seconds"] for r in rs)
-        tps = sum(r["tokens_per_second"] * r["seconds"] for r in rs) / secs if secs else None
+        secs = sum(r.get("seconds") or 0.0 for r in rs)
+        tokens = sum(r["tokens_per_second"] * r["seconds"] for r in rs if r.get("tokens_per_second"))
+        tps = tokens / secs if secs else None
         body.append(
             [
                 "all tasks",

@@ -246,8 +246,12 @@ def check_task_kwargs(kw: dict[str, Any], task: str) -> None:
 
 
 def _is_reference(kw: dict[str, Any]) -> bool:
+    """Whether the run itself is the oracle's reference decode (then it is reused, not decoded twice)."""
     ref = reference_kwargs(kw)
-    same = all(kw.get(k) == v for k, v in ref.items() if k not in ("sampler_options", "cache_options"))
+    have = kw | {"steps": kw.get("steps") or kw["gen_length"], "cache": kw.get("cache") or "none"}
+    have.setdefault("sampler", "low_confidence")
+    have.setdefault("temperature", 0.0)
+    same = all(have.get(k) == v for k, v in ref.items() if k not in ("sampler_options", "cache_options"))
     return same and not kw.get("sampler_options") and not kw.get("cache_options") and not kw.get("stop_at_eos")
 
 
