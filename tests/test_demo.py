@@ -14,7 +14,6 @@ from conftest import SHARED_DATA
 
 from dlm_decode.cli import main
 from dlm_decode.demo import demo_configs
-from dlm_decode.models.loading import DEMO_DIR
 
 needs_data = pytest.mark.skipif(not SHARED_DATA.is_dir(), reason="official ParallelBench data not present")
 
@@ -46,8 +45,11 @@ def test_configs_come_from_the_registries():
     assert len(demo_configs(max_configs=4)) == 4
 
 
-@pytest.mark.skipif((DEMO_DIR / "demo-llada").is_dir(), reason="demo-llada is shipped")
-def test_demo_says_clearly_when_the_demo_model_is_not_shipped(capsys):
+@needs_data
+def test_demo_says_clearly_when_the_demo_model_is_not_shipped(capsys, monkeypatch, tmp_path):
+    import dlm_decode.models.loading as loading
+
+    monkeypatch.setattr(loading, "DEMO_DIR", tmp_path)  # an install without the demo model
     assert main(["demo", "--quick"]) == 2
     assert "not shipped yet" in capsys.readouterr().err
 

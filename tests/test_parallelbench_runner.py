@@ -343,8 +343,19 @@ def test_bench_speed_prints_one_json_line_last(tok_dir, capsys):
     assert "token_forwards_per_token" in thr and "peak_mem_mb" in thr and out["memory"]
 
 
+def _demo_state() -> str | None:
+    """Why the demo-model test cannot run, or None."""
+    path = DEMO_DIR / "demo-llada"
+    if not path.is_dir():
+        return "demo-llada not shipped yet"
+    card = path / "README.md"
+    if card.is_file() and "Early checkpoint" in card.read_text():
+        return "demo-llada is an early checkpoint (training in progress)"
+    return None
+
+
 @needs_data
-@pytest.mark.skipif(not (DEMO_DIR / "demo-llada").is_dir(), reason="demo-llada not shipped yet")
+@pytest.mark.skipif(_demo_state() is not None, reason=str(_demo_state()))
 def test_demo_model_scores_on_waiting_line_copy():
     model, tok = dlm_decode.load_model("demo-llada")
     (task,) = load_tasks(SHARED_DATA, ["waiting_line/copy"], limit=4)
