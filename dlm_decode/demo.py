@@ -96,7 +96,7 @@ def _load_model(name: str, dtype: str, device: str):
 def run(args: argparse.Namespace) -> int:
     from tqdm.auto import tqdm
 
-    from dlm_decode.parallelbench.runner import load_tasks, run_task
+    from dlm_decode.parallelbench.runner import load_tasks, run_task, warm_up
 
     samples = args.samples if args.samples is not None else (2 if args.quick else 4)
     if samples < 1:
@@ -110,6 +110,7 @@ def run(args: argparse.Namespace) -> int:
     if tok is None:
         raise ValueError(f"{args.model} ships no tokenizer: the demo needs one for its chat prompts")
     configs = demo_configs(args.quick, args.max_configs)
+    warm_up(model, tok, tasks)
     print(
         f"demo: {args.model}, {len(tasks)} tasks x {samples} samples (seed {args.seed}), {len(configs)} configs",
         file=sys.stderr,

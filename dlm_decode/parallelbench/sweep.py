@@ -24,7 +24,14 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from dlm_decode.parallelbench.runner import check_task_kwargs, render_table, run_task, skip_reason, task_kwargs
+from dlm_decode.parallelbench.runner import (
+    check_task_kwargs,
+    render_table,
+    run_task,
+    skip_reason,
+    task_kwargs,
+    warm_up,
+)
 from dlm_decode.parallelbench.tasks import Task, max_new_tokens
 
 PB_LEVELS = (90, 80, 70, 60)
@@ -198,6 +205,7 @@ def run_sweep(
         for c, t in tqdm(todo, desc="sweep", disable=not progress):
             if model is None:
                 model, tok = load()
+                warm_up(model, tok, scored)
             res = run_task(model, tok, t, decoding_of(c, base), k=c.get("k"), batch_size=batch_size)
             row = {**meta, "config_id": config_id(c, base), "label": c["label"], "method": c["method"]}
             row |= {"config": {k: c[k] for k in ("sampler", "sampler_options", "block_length", "k", "cache")}}
