@@ -71,6 +71,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--device", default="cpu")
+    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     p.add_argument(
         "--quick",
         action="store_true",
@@ -218,6 +219,8 @@ def bench_pair(model, tok, chats, samples, kw, args) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     samplers = _names(args.samplers, SAMPLERS, "sampler")
     caches = _names(args.caches, CACHES, "cache")
     s_opts, c_opts = _opts(args.sampler_opt, SAMPLERS, "sampler"), _opts(args.cache_opt, CACHES, "cache")

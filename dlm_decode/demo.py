@@ -14,7 +14,9 @@ the per-sample oracle bound (Learn2PD; its reference decode is the baseline's, s
 filter) is listed with the reason instead of a score. Every (configuration, task) pair decodes the task's samples as
 one batch; the table gives task, sampler, cache, score (mean x 100), NFE (mean per sample), tokens per step (gen
 length / NFE) and tokens per second of decoding, then the means over tasks. Defaults (6 tasks x 4 samples, about 22
-configurations) take a few minutes on two idle CPU cores with the demo model; ``--quick`` well under a minute.
+configurations) take a few minutes on two CPU cores with the demo model; ``--quick`` well under a minute. The demo
+runs one torch thread by default: the demo model's matrices are small, so a second thread gains little, and on a
+busy machine spinning threads made decoding over ten times slower (measured here during training runs).
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true", help="3 tasks, 2 samples, a few samplers and caches")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--device", default="cpu")
+    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1, see the docstring)")
     p.add_argument("--json", action="store_true", help="print one JSON object last")
 
 
@@ -94,10 +97,14 @@ def _load_model(name: str, dtype: str, device: str):
 
 
 def run(args: argparse.Namespace) -> int:
+    import torch
     from tqdm.auto import tqdm
 
     from dlm_decode.parallelbench.runner import load_tasks, run_task, warm_up
 
+    if args.threads < 1:
+        raise ValueError(f"--threads must be >= 1, got {args.threads}")
+    torch.set_num_threads(args.threads)
     samples = args.samples if args.samples is not None else (2 if args.quick else 4)
     if samples < 1:
         raise ValueError(f"--samples must be >= 1, got {samples}")
