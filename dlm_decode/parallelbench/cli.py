@@ -33,6 +33,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object last")
     p.add_argument("--outputs", action="store_true", help="with --json: include every sample's text, score, NFE")
     p.add_argument("--list-tasks", action="store_true", help="list the tasks of --data and exit")
+    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     g = p.add_argument_group("sweeps")
     g.add_argument("--sweep", default=None, metavar="GRID", help="grid name (paper, quick) or JSON grid file")
     g.add_argument("--out", default=None, help="sweep JSONL (resumed when it exists); plots are written beside it")
@@ -60,6 +61,10 @@ def _load(args: argparse.Namespace):
     import dlm_decode
 
     def load():
+        if args.threads:
+            import torch
+
+            torch.set_num_threads(args.threads)
         return dlm_decode.load_model(args.model, dtype=args.dtype, device=args.device)
 
     return load
