@@ -107,6 +107,8 @@ def main() -> None:
             shutil.copy2(export / f, tmp / f)
     fold_chat_template(tmp)
     (tmp / "README.md").write_text(card(args.name, training, scores, args.command, args.note))
+    if scores is not None:  # the measured scores, machine-readable (tests check the claims against the model)
+        (tmp / "scores.json").write_text(json.dumps(scores, indent=1) + "\n")
     old = dest.with_name(dest.name + ".old")
     shutil.rmtree(old, ignore_errors=True)
     if dest.exists():

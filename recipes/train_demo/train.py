@@ -130,11 +130,13 @@ def cached_encoding(data_dir: Path, split: Any, tok: Any, tok_dir: str, limit: i
     return rows
 
 
-def make_batches(lengths: list[int], batch_size: int, seed: int) -> list[list[int]]:
-    """Length-bucketed batches in a seeded random order: rows sorted by length with a random tie-break within
-    +-4 tokens, cut into batches, batches shuffled. A function of (lengths, batch_size, seed) only."""
+def make_batches(lengths: list[int], batch_size: int, seed: int, jitter: float = 24.0) -> list[list[int]]:
+    """Length-bucketed batches in a seeded random order: rows sorted by length plus a random jitter of +-``jitter``
+    tokens, cut into batches, batches shuffled. A function of (lengths, batch_size, seed) only. The jitter is wide
+    because every row of a puzzle task has the same length: narrow buckets make single-task batches, whose
+    alternating gradients slowed learning in the pilot (loss plateau)."""
     rng = random.Random(seed)
-    keyed = sorted(range(len(lengths)), key=lambda i: (lengths[i] + rng.uniform(-4, 4), i))
+    keyed = sorted(range(len(lengths)), key=lambda i: (lengths[i] + rng.uniform(-jitter, jitter), i))
     batches = [keyed[i : i + batch_size] for i in range(0, len(keyed), batch_size)]
     rng.shuffle(batches)
     return batches
