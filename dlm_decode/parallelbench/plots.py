@@ -97,6 +97,7 @@ def plot_pareto(rows: list[dict[str, Any]], path: str | Path) -> Path:
             xy = (s["tokens_per_second"], s["score"])
             ax.annotate(s["label"], xy, fontsize=7, xytext=(4, 3), textcoords="offset points")
     ax.margins(x=0.15)
+    ax.set_ylim(-3, 103)
     ax.set_xlabel("throughput (generated tokens / s of decoding)")
     ax.set_ylabel(f"mean score over {len(all_tasks)} tasks")
     ax.set_title("ParallelBench: accuracy vs speed")
