@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> dict:
         torch.set_num_threads(args.threads)
     model, tok = dlm_decode.load_model(args.model)
     groups = defaultdict(list)
-    for p, n in load_prompts(args.data, args.split, args.limit):
+    for p, n in load_prompts(args.data, args.split, args.limit, seed=0):
         groups[n or args.block_length].append(p)
     nfe, same, count = defaultdict(float), defaultdict(int), 0
     for gen, items in sorted(groups.items()):

@@ -5,11 +5,11 @@
 
 For every prompt: decode once one token per step (LLaDA low-confidence, ``steps = gen_length``) to get the reference
 answer, then re-decode with ``samplers.oracle.Oracle`` (commit exactly the block slots whose proposal equals the
-reference) and keep, per step, the block's confidence vector and its labels (proposal == reference). Prompts come
-from a ``datasets.save_to_disk`` directory (the demo-model data: rows with ``messages`` JSON and
-``max_new_tokens``) or a jsonl file (``{"messages": [...]}`` or ``{"prompt": "..."}``, optional ``max_new_tokens``);
-never from benchmark test files. Writes ``<out>.safetensors`` (``conf``, ``label``: [N, block] float32) and
-``<out>.json`` (counts and the reference / oracle NFE). Prints one JSON line last.
+reference) and keep, per step, the block's confidence vector and its labels (proposal == reference). Prompts are a
+seeded random subset of ``--limit`` rows of a ``datasets.save_to_disk`` directory (the demo-model data: rows with
+``messages`` JSON and ``max_new_tokens``) or of a jsonl file (``{"messages": [...]}`` or ``{"prompt": "..."}``,
+optional ``max_new_tokens``); never benchmark test files. Writes ``<out>.safetensors`` (``conf``, ``label``:
+[N, block] float32) and ``<out>.json`` (counts and the reference / oracle NFE). Prints one JSON line last.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import random
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -41,7 +42,18 @@ def model_sha256(name_or_path: str) -> str | None:
     return h.hexdigest()
 
 
-def load_prompts(path: str | Path, split: str, limit: int | None) -> list[tuple[list[dict] | str, int | None]]:
+def _pick(n: int, limit: int | None, seed: int | None) -> list[int]:
+    """Row indices: a seeded random subset of ``limit`` rows (data files are often sorted by task), or the first
+    ``limit`` rows in file order when ``seed`` is None."""
+    k = min(n, limit or n)
+    if seed is None:
+        return list(range(k))
+    return sorted(random.Random(seed).sample(range(n), k))
+
+
+def load_prompts(
+    path: str | Path, split: str, limit: int | None, seed: int | None = 0
+) -> list[tuple[list[dict] | str, int | None]]:
     """(chat or text, max_new_tokens or None) from a save_to_disk directory or a jsonl file. ``collect`` also takes
     token-id lists as prompts."""
     path = Path(path)
@@ -51,13 +63,10 @@ def load_prompts(path: str | Path, split: str, limit: int | None) -> list[tuple[
 
         ds = load_from_disk(str(path))
         ds = ds[split] if hasattr(ds, "keys") else ds
-        rows = [ds[i] for i in range(min(len(ds), limit or len(ds)))]
+        rows = [ds[i] for i in _pick(len(ds), limit, seed)]
     else:
-        for line in path.read_text().splitlines():
-            if line.strip():
-                rows.append(json.loads(line))
-            if limit and len(rows) >= limit:
-                break
+        lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        rows = [lines[i] for i in _pick(len(lines), limit, seed)]
     out = []
     for r in rows:
         chat = r.get("messages")
@@ -107,6 +116,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--data", required=True, help="save_to_disk directory or jsonl of prompts")
     ap.add_argument("--split", default="train")
     ap.add_argument("--limit", type=int, default=None)
+    ap.add_argument("--seed", type=int, default=0, help="rows are a seeded random subset (-1: the first rows)")
     ap.add_argument("--gen-length", type=int, default=32, help="for rows without max_new_tokens")
     ap.add_argument("--block-length", type=int, default=32)
     ap.add_argument("--batch-size", type=int, default=8)
@@ -117,7 +127,7 @@ def main(argv: list[str] | None = None) -> dict:
         torch.set_num_threads(args.threads)
     model, tok = dlm_decode.load_model(args.model)
     start = time.perf_counter()
-    prompts = load_prompts(args.data, args.split, args.limit)
+    prompts = load_prompts(args.data, args.split, args.limit, None if args.seed < 0 else args.seed)
     conf, label, stats = collect(
         model,
         prompts,
