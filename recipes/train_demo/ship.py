@@ -29,6 +29,7 @@ def card(name: str, training: dict, scores: dict | None, command: str, note: str
     size, arch = training["size"], training["arch"]
     a = training["args"]
     minutes = training["train_seconds"] / 60
+    stride = f" --stride {scores['stride']}" if scores and scores.get("stride", 1) > 1 else ""
     lines = [
         f"# {name}",
         "",
@@ -65,7 +66,7 @@ def card(name: str, training: dict, scores: dict | None, command: str, note: str
         "## ParallelBench scores (official test files)",
         "One token per step: `sampler=low_confidence`, `steps = gen_length = block_length = max_new_tokens` (32 "
         "waiting line, 64 puzzles), temperature 0, no cache; chats from `build_messages`; "
-        f"`python recipes/train_demo/evaluate.py --model {name}`.",
+        f"`python recipes/train_demo/evaluate.py --model {name}{stride}`.",
         "",
     ]
     if scores is None:
