@@ -137,3 +137,21 @@ def test_recipe_end_to_end_on_a_tiny_checkpoint(llada, llada_dir, tmp_path):
     out = dlm_decode.generate(llada, [[5, 9, 17]], sampler="learned_filter", gen_length=16, block_length=8,
                               sampler_options={"filter": stats["filter"], "eotp": True})  # fmt: skip
     assert not (out.sequences == llada.mask_token_id).any()
+
+
+SHIPPED = Path(__file__).resolve().parent.parent / "dlm_decode" / "demo_models" / "demo-llada"
+
+
+@pytest.mark.skipif(not (SHIPPED / "learn2pd_filter.safetensors").is_file(), reason="no shipped demo filter")
+def test_shipped_demo_filter_matches_the_shipped_model():
+    cfg = filter_config(SHIPPED / "learn2pd_filter.safetensors")
+    assert cfg["data"]["model_sha256"] == _recipe("oracle_data").model_sha256(str(SHIPPED)), (
+        "the demo-llada weights changed since its Learn2PD filter was trained; retrain it with "
+        "`bash recipes/learn2pd/ship_demo.sh demo-llada`"
+    )
+    model, tok = dlm_decode.load_model("demo-llada")
+    opts = {"filter": str(SHIPPED / "learn2pd_filter.safetensors"), "eotp": True}
+    chat = [{"role": "user", "content": 'Please copy the list exactly:\n["Anna Baker", "Carl Diaz"]\n'}]
+    out = dlm_decode.generate(model, [chat], tokenizer=tok, chat=True, sampler="learned_filter",
+                              sampler_options=opts, gen_length=32, block_length=32, steps=32)  # fmt: skip
+    assert out.nfe < 32 and not (out.sequences == model.mask_token_id).any()

@@ -125,6 +125,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    sha = model_sha256(args.model)  # before loading: the weights the records come from
     model, tok = dlm_decode.load_model(args.model)
     start = time.perf_counter()
     prompts = load_prompts(args.data, args.split, args.limit, None if args.seed < 0 else args.seed)
@@ -141,7 +142,7 @@ def main(argv: list[str] | None = None) -> dict:
     save_file({"conf": conf.contiguous(), "label": label.contiguous()}, str(out.with_suffix(".safetensors")))
     stats |= {
         "model": str(args.model),
-        "model_sha256": model_sha256(args.model),
+        "model_sha256": sha,
         "data": str(args.data),
         "split": args.split,
         "block_length": args.block_length,

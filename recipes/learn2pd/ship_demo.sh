@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Retrain and ship the Learn2PD filter of a demo model (run after the demo model's weights change):
+#   bash recipes/learn2pd/ship_demo.sh [demo-llada] [prompts=1200]
+# Oracle records on a seeded subset of the demo training data, filter training, then a held-out check whose numbers
+# go into the shipped json. About 15-30 minutes on a 2-core CPU.
+set -euo pipefail
+MODEL="${1:-demo-llada}"
+LIMIT="${2:-1200}"
+HERE="$(cd "$(dirname "$0")" && pwd)"
+ROOT="$(cd "$HERE/../.." && pwd)"
+WORK="$HERE/work"
+DEST="$ROOT/dlm_decode/demo_models/$MODEL/learn2pd_filter"
+mkdir -p "$WORK"
+cd "$ROOT"
+python "$HERE/oracle_data.py" --model "$MODEL" --data recipes/train_demo/work/data --split train --limit "$LIMIT" \
+    --batch-size 32 --block-length 32 --out "$WORK/$MODEL-oracle"
+python "$HERE/train_filter.py" --data "$WORK/$MODEL-oracle" --out "$DEST" --epochs 2000
+python "$HERE/check_filter.py" --model "$MODEL" --data recipes/train_demo/work/data --split eval --limit 128 \
+    --filter "$DEST.safetensors" --batch-size 32 --record
