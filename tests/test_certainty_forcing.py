@@ -338,7 +338,7 @@ def test_trajectories_keep_only_verified_answers(accept, llada_tok_dir, tmp_path
     held = trajectories.read_jsonl(out / "heldout.jsonl")
     meta = json.loads((out / "meta.json").read_text())
     assert len(calls) == 6 and len(held) == 4 and meta["prompts"] == 6
-    assert len(rows) == (6 if accept else 0) == meta["accepted"]
+    assert len(rows) == (6 if accept else 0) == meta["kept"]
     tok = dlm_decode.load_model(llada_tok_dir)[1]
     for r in rows:
         assert len(r["response_ids"]) == 32 and MASK not in r["response_ids"]

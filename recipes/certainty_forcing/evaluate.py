@@ -105,10 +105,13 @@ def one_per_step(gen_length: int, block: int = 32) -> dict[str, Any]:
     return {"sampler": "low_confidence", "steps": gen_length, "block_length": block, "temperature": 0.0}
 
 
-def official_tasks(data_dir: str | Path, names: Sequence[str], limit: int | None = None) -> list[Any]:
-    from dlm_decode.parallelbench.tasks import load_task
+def official_tasks(data_dir: str | Path, names: Sequence[str], limit: int | None = None, stride: int = 1) -> list[Any]:
+    """The official test tasks; ``stride`` keeps every k-th sample (the files are sorted by list length, so a stride
+    keeps every length, a ``limit`` only the first ones)."""
+    from dlm_decode.parallelbench.tasks import Task, load_task
 
-    return [load_task(data_dir, n, limit=limit) for n in names]
+    tasks = [load_task(data_dir, n, limit=limit) for n in names]
+    return [Task(t.name, t.config, t.samples[::stride]) for t in tasks] if stride > 1 else tasks
 
 
 def markdown_table(results: dict[str, dict[str, Any]], eta: float) -> str:
@@ -163,6 +166,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--data-dir", default="/work/shared/data/parallelbench")
     ap.add_argument("--tasks", nargs="*", default=list(DETERMINISTIC_WAITING_LINE))
     ap.add_argument("--limit", type=int, default=None, help="first N samples per task")
+    ap.add_argument("--stride", type=int, default=1, help="every k-th sample per task (after --limit)")
     ap.add_argument("--etas", type=float, nargs="*", default=[0.5])
     ap.add_argument("--table-eta", type=float, default=0.5)
     ap.add_argument("--no-one-per-step", action="store_true", help="skip the 1-token-per-step reference")
@@ -175,7 +179,7 @@ def main(argv: list[str] | None = None) -> None:
     import dlm_decode
     from dlm_decode.parallelbench.tasks import max_new_tokens
 
-    tasks = official_tasks(args.data_dir, args.tasks, args.limit)
+    tasks = official_tasks(args.data_dir, args.tasks, args.limit, args.stride)
     gen_lengths = {max_new_tokens(t.name) for t in tasks}
     if len(gen_lengths) != 1:
         raise ValueError(f"tasks mix generation lengths {sorted(gen_lengths)}; evaluate them separately")

@@ -10,9 +10,11 @@ prompts also exclude the held-out evaluation prompts. Each prompt is decoded by 
 if the verifier accepts the answer (``score_sample(...)["score"] == 1``).
 
 Writes to ``--out``: ``train.jsonl`` (one accepted trajectory a line: task, prompt_ids, response_ids = the final
-``gen_length`` canvas slots, text), ``heldout.jsonl`` (task, messages, sample, max_new_tokens: prompts for the
-periodic evaluation), ``meta.json`` (seeds, settings, acceptance per task). Work is kept per task under ``parts/`` so
-an interrupted run resumes where it stopped; final files are written to a temporary name and renamed.
+``gen_length`` canvas slots, text, score), ``heldout.jsonl`` (task, messages, sample, max_new_tokens: prompts for the
+periodic evaluation), ``meta.json`` (seeds, settings, verified / kept per task). Work is kept per task under
+``parts/`` so an interrupted run resumes where it stopped; final files are written to a temporary name and renamed.
+``--keep-unverified`` (a diagnostic, not the recipe) keeps every answer, for checking the training mechanism on a base
+model that solves nothing yet.
 """
 
 from __future__ import annotations
@@ -62,8 +64,10 @@ def build_prompts(
 
 
 @torch.no_grad()
-def decode_task(model: Any, tok: Any, rows: list[dict], *, block: int, batch_size: int, bar: Any) -> list[dict]:
-    """Decode one task's rows one token per step; return the accepted trajectories."""
+def decode_task(
+    model: Any, tok: Any, rows: list[dict], *, block: int, batch_size: int, bar: Any, keep_all: bool = False
+) -> list[dict]:
+    """Decode one task's rows one token per step; return the accepted trajectories (every one with ``keep_all``)."""
     import dlm_decode
     from dlm_decode.parallelbench.metrics import score_sample
 
@@ -83,13 +87,15 @@ def decode_task(model: Any, tok: Any, rows: list[dict], *, block: int, batch_siz
             temperature=0.0,
         )
         for r, res in zip(chunk, out.rows, strict=True):
-            if res.error is None and score_sample(r["task"], res.text or "", json.loads(r["sample"]))["score"] == 1.0:
+            score = score_sample(r["task"], res.text or "", json.loads(r["sample"]))["score"]
+            if res.error is None and (score == 1.0 or keep_all):
                 kept.append(
                     {
                         "task": r["task"],
                         "prompt_ids": res.prompt_ids,
                         "response_ids": res.generated_ids,
                         "text": res.text,
+                        "score": score,
                     }
                 )
         bar.update(len(chunk))
@@ -110,6 +116,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--batch-size", type=int, default=50)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--dtype", default="float32")
+    ap.add_argument(
+        "--keep-unverified",
+        action="store_true",
+        help="diagnostic only, not the recipe: keep every decoded answer (self-distillation without the verifier)",
+    )
     args = ap.parse_args(argv)
     if args.seed == args.heldout_seed:
         raise ValueError("--seed and --heldout-seed must differ")
@@ -149,10 +160,14 @@ def main(argv: list[str] | None = None) -> None:
             kept = read_jsonl(part)
             bar.update(len(rows))
         else:
-            kept = decode_task(model, tok, rows, block=args.block, batch_size=args.batch_size, bar=bar)
+            kept = decode_task(
+                model, tok, rows, block=args.block, batch_size=args.batch_size, bar=bar, keep_all=args.keep_unverified
+            )
             write_jsonl_atomic(part, kept)
-        stats[task] = {"prompts": len(rows), "accepted": len(kept), "rate": round(len(kept) / max(len(rows), 1), 3)}
-        bar.set_postfix(task=task.split("/")[-1], accepted=f"{stats[task]['rate']:.2f}")
+        correct = sum(r["score"] == 1.0 for r in kept)
+        rate = round(correct / max(len(rows), 1), 3)
+        stats[task] = {"prompts": len(rows), "verified": correct, "verified_rate": rate, "kept": len(kept)}
+        bar.set_postfix(task=task.split("/")[-1], verified=f"{rate:.2f}")
         kept_all += kept
     bar.close()
     write_jsonl_atomic(out / "train.jsonl", kept_all)
@@ -162,15 +177,16 @@ def main(argv: list[str] | None = None) -> None:
         "heldout_seed": args.heldout_seed,
         "decode": {"sampler": "low_confidence", "steps": "gen_length", "block": args.block, "temperature": 0.0},
         "tasks": stats,
-        "accepted": len(kept_all),
+        "kept": len(kept_all),
+        "unverified_kept": args.keep_unverified,
         "prompts": len(train_rows),
         "heldout": len(held_rows),
         "collisions_dropped": dropped,
         "seconds": round(time.perf_counter() - t0, 1),
     }
     (out / "meta.json").write_text(json.dumps(meta, indent=1))
-    print(f"{len(kept_all)}/{len(train_rows)} trajectories accepted -> {out / 'train.jsonl'}")
-    print(json.dumps({t: s["rate"] for t, s in stats.items()}))
+    print(f"{len(kept_all)}/{len(train_rows)} trajectories kept -> {out / 'train.jsonl'}")
+    print(json.dumps({t: s["verified_rate"] for t, s in stats.items()}))
 
 
 if __name__ == "__main__":
