@@ -92,7 +92,7 @@ class LLaDAConfig(PretrainedConfig):
 
 
 class LLaDABlock(nn.Module):
-    """LLaDA's ``LLaDALlamaBlock`` with the checkpoint's parameter names (q_proj, attn_out, ff_proj, up_proj, ff_out)."""
+    """LLaDA's ``LLaDALlamaBlock``, checkpoint parameter names kept (q_proj, attn_out, ff_proj, up_proj, ff_out)."""
 
     def __init__(self, cfg: LLaDAConfig) -> None:
         super().__init__()
