@@ -115,12 +115,15 @@ def encode_dataset(split: Any, tok: Any) -> list[tuple[list[int], list[int]]]:
     ]
 
 
-def cached_encoding(data_dir: Path, split: Any, tok: Any, tok_dir: str, limit: int | None, seed: int) -> list:
+def cached_encoding(
+    data_dir: Path, split: Any, tok: Any, tok_dir: str, limit: int | None, seed: int, tasks: str | None = None
+) -> list:
     """encode_dataset, cached next to the dataset (keyed by the tokenizer file and the row selection)."""
     import hashlib
 
     key = hashlib.sha256(Path(tok_dir, "tokenizer.json").read_bytes()).hexdigest()[:12]
-    path = data_dir / f"encoded-{key}-{limit}-{seed if limit else 0}.json"
+    sel = "" if not tasks else "-" + hashlib.sha256(tasks.encode()).hexdigest()[:8]
+    path = data_dir / f"encoded-{key}-{limit}-{seed if limit else 0}{sel}.json"
     if path.is_file():
         return [tuple(r) for r in json.loads(path.read_text())]
     rows = encode_dataset(split, tok)
@@ -288,6 +291,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--stop-after", type=int, default=None, help="stop at this step (as if interrupted)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--max-train-rows", type=int, default=None)
+    ap.add_argument(
+        "--tasks",
+        default=None,
+        help="comma-separated task names (e.g. waiting_line/copy,waiting_line/reverse) to train on; default: all. "
+        "A curriculum is a sequence of runs, each started with --init from the previous export",
+    )
+    ap.add_argument(
+        "--init",
+        default=None,
+        help="start from this exported model (config.json + model.safetensors) instead of fresh weights; the "
+        "optimizer and schedule start fresh (the architecture flags are then taken from its config)",
+    )
     return ap.parse_args(argv)
 
 
@@ -321,10 +336,20 @@ def main(argv: list[str] | None = None) -> None:
     tok = AutoTokenizer.from_pretrained(args.tokenizer)
     ds = load_from_disk(args.data)
     train_split = ds["train"]
+    if args.tasks:
+        wanted = [t.strip() for t in args.tasks.split(",") if t.strip()]
+        known = set(train_split.unique("task"))
+        unknown = sorted(set(wanted) - known)
+        if unknown:
+            raise SystemExit(f"--tasks: unknown task(s) {unknown}; the dataset has {sorted(known)}")
+        keep = set(wanted)
+        train_split = train_split.filter(lambda t: t in keep, input_columns="task")
     if args.max_train_rows:
         train_split = train_split.shuffle(seed=args.seed).select(range(args.max_train_rows))
     t0 = time.perf_counter()
-    rows = cached_encoding(Path(args.data), train_split, tok, args.tokenizer, args.max_train_rows, args.seed)
+    rows = cached_encoding(
+        Path(args.data), train_split, tok, args.tokenizer, args.max_train_rows, args.seed, tasks=args.tasks
+    )
     lengths = [len(p) + len(r) for p, r in rows]
     accelerator.print(
         f"{len(rows)} train rows encoded in {time.perf_counter() - t0:.0f}s; sequence length "
@@ -336,7 +361,15 @@ def main(argv: list[str] | None = None) -> None:
     if max(lengths) > size.max_len:
         raise ValueError(f"a row has {max(lengths)} tokens > max_len {size.max_len}")
     torch.manual_seed(args.seed)
-    model = make_model(args.arch, size, tok)
+    if args.init:
+        from dlm_decode.models import load_model
+
+        model, _ = load_model(args.init, dtype=torch.float32, tokenizer=False)
+        if model.logit_shift != (1 if args.arch == "dream" else 0):
+            raise SystemExit(f"--init {args.init} is not a {args.arch} model; pass the matching --arch")
+        accelerator.print(f"initialised from {args.init} (its architecture; the size flags are ignored)")
+    else:
+        model = make_model(args.arch, size, tok)
     n_params = sum(p.numel() for p in model.parameters())
     accelerator.print(f"{args.arch}: {n_params / 1e6:.2f}M parameters, size {asdict(size)}")
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
@@ -370,6 +403,9 @@ def main(argv: list[str] | None = None) -> None:
 
     log_path = run_dir / "log.jsonl"
     meta = {"arch": args.arch, "size": asdict(size), "params": n_params, "args": vars(args)}
+    if args.init:  # the architecture is the initial model's
+        meta["init"] = args.init
+        meta["config"] = accelerator.unwrap_model(model).config.to_dict()
     (run_dir / "run.json").write_text(json.dumps(meta, indent=1))
     elapsed, ema = 0.0, None
     if ckpt is not None:
