@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -21,7 +22,8 @@ from checkpoints import (  # noqa: E402
 import dlm_decode  # noqa: E402,F401  (registers the Auto classes)
 
 REPO = Path(__file__).resolve().parent.parent
-SHARED_DATA = REPO.parent / "shared" / "data" / "parallelbench"
+# the official ParallelBench files are not in the repository: $DLM_PARALLELBENCH_DATA, else ../shared beside it
+SHARED_DATA = Path(os.environ.get("DLM_PARALLELBENCH_DATA") or REPO.parent / "shared" / "data" / "parallelbench")
 
 
 @pytest.fixture(scope="session")

@@ -23,8 +23,7 @@ from certainty_forcing import train as cf_train  # noqa: E402
 from certainty_forcing.lora import LORA_TARGETS, add_lora, export, merge  # noqa: E402
 from certainty_forcing.losses import certainty_forcing_loss, view_terms  # noqa: E402
 from certainty_forcing.masking import complementary_views, example_uniforms  # noqa: E402
-
-SHARED_DATA = REPO.parent / "shared" / "data" / "parallelbench"
+from conftest import SHARED_DATA  # noqa: E402
 
 
 def left_padded(prompt_lens, resp_lens, pad=EOS, seed=0):

@@ -3,9 +3,9 @@
 import collections
 import json
 import random
-from pathlib import Path
 
 import pytest
+from conftest import SHARED_DATA  # noqa: E402
 
 from dlm_decode.parallelbench.generator import (
     WAITING_LINE_OPS,
@@ -21,7 +21,7 @@ from dlm_decode.parallelbench.generator import (
 from dlm_decode.parallelbench.metrics import parse_list, score_sample
 from dlm_decode.parallelbench.tasks import answer_text, build_messages, load_task
 
-DATA_DIR = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "parallelbench"
+DATA_DIR = SHARED_DATA
 needs_data = pytest.mark.skipif(
     not DATA_DIR.is_dir(), reason=f"official ParallelBench test data not found at {DATA_DIR}"
 )

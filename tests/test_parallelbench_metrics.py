@@ -1,9 +1,9 @@
 """ParallelBench metrics: hand-made predictions, malformed outputs, strict vs lenient parsing."""
 
 import importlib.util
-from pathlib import Path
 
 import pytest
+from conftest import SHARED_DATA  # noqa: E402
 
 from dlm_decode.parallelbench import metrics
 from dlm_decode.parallelbench.metrics import (
@@ -22,7 +22,7 @@ from dlm_decode.parallelbench.metrics import (
 )
 from dlm_decode.parallelbench.tasks import answer_text, list_tasks, load_task
 
-DATA_DIR = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "parallelbench"
+DATA_DIR = SHARED_DATA
 needs_data = pytest.mark.skipif(
     not DATA_DIR.is_dir(), reason=f"official ParallelBench test data not found at {DATA_DIR}"
 )

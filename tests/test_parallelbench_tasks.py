@@ -1,9 +1,9 @@
 """ParallelBench task loading and chat construction, checked against the official test files."""
 
 import re
-from pathlib import Path
 
 import pytest
+from conftest import SHARED_DATA  # noqa: E402
 
 from dlm_decode.parallelbench.tasks import (
     Task,
@@ -17,7 +17,7 @@ from dlm_decode.parallelbench.tasks import (
     task_kind,
 )
 
-DATA_DIR = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "parallelbench"
+DATA_DIR = SHARED_DATA
 needs_data = pytest.mark.skipif(
     not DATA_DIR.is_dir(), reason=f"official ParallelBench test data not found at {DATA_DIR}"
 )
