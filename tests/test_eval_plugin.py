@@ -450,3 +450,33 @@ def test_demo_lm_eval_score_equals_direct_decoding(task_manager):
         s["resps"][0][0] for s in sorted(res["samples"]["parallelbench_waiting_line_copy"], key=lambda s: s["doc_id"])
     ]
     assert texts == [r.text for r in out.rows]
+    # and the ParallelBench runner, same decoding, reports the same score and texts
+    from dlm_decode.parallelbench.runner import run_task
+
+    pb = run_task(lm.model, lm.tokenizer, task, decoding, batch_size=4)
+    assert pb.score == pytest.approx(100 * res["results"]["parallelbench_waiting_line_copy"]["score,none"])
+    assert [o["text"] for o in pb.outputs] == texts
+
+
+@pytest.mark.skipif(not DEMO.is_dir(), reason="demo-llada is not shipped yet")
+@needs_pb
+def test_demo_lm_eval_matches_the_runner_with_a_fast_sampler_and_cache(task_manager):
+    from dlm_decode.parallelbench import load_task
+    from dlm_decode.parallelbench.runner import run_task
+
+    decoding = dict(sampler="threshold", cache="dual", gen_length=32, block_length=32, temperature=0.0, seed=0)
+    lm = DLMDecodeLM(pretrained="demo-llada", batch_size=3, progress=False, **decoding)
+    n = 4
+    res = lm_eval.simple_evaluate(
+        model=lm,
+        tasks=["parallelbench_waiting_line_reverse"],
+        task_manager=task_manager,
+        limit=n,
+        apply_chat_template=True,
+        bootstrap_iters=0,
+    )
+    task = load_task(SHARED_DATA, "waiting_line/reverse", limit=n)
+    pb = run_task(lm.model, lm.tokenizer, task, decoding, batch_size=2)
+    samples = sorted(res["samples"]["parallelbench_waiting_line_reverse"], key=lambda s: s["doc_id"])
+    assert [o["text"] for o in pb.outputs] == [s["resps"][0][0] for s in samples]
+    assert pb.score == pytest.approx(100 * res["results"]["parallelbench_waiting_line_reverse"]["score,none"])
