@@ -425,58 +425,35 @@ def test_data_parallel_two_cpu_processes_match_one(tok_dirs, tmp_path):
 
 @pytest.mark.skipif(not DEMO.is_dir(), reason="demo-llada is not shipped yet")
 @needs_pb
-def test_demo_lm_eval_score_equals_direct_decoding(task_manager):
+@pytest.mark.parametrize(
+    "op, decoding, lm_batch, runner_batch",
+    [
+        ("copy", dict(sampler="low_confidence", steps=32), 2, 4),
+        ("reverse", dict(sampler="threshold", cache="dual"), 3, 2),
+    ],
+)
+def test_demo_lm_eval_equals_the_runner_and_direct_decoding(task_manager, op, decoding, lm_batch, runner_batch):
+    """demo-llada: lm-eval's score and texts equal the ParallelBench runner's and a direct generate's."""
     from dlm_decode.parallelbench import build_messages, load_task, score_sample
+    from dlm_decode.parallelbench.runner import run_task
 
-    decoding = dict(sampler="low_confidence", gen_length=32, block_length=32, steps=32, temperature=0.0, seed=0)
-    lm = DLMDecodeLM(pretrained="demo-llada", batch_size=2, progress=False, **decoding)
-    n = 4
+    decoding = dict(decoding, gen_length=32, block_length=32, temperature=0.0, seed=0)
+    name, n = f"parallelbench_waiting_line_{op}", 4
+    lm = DLMDecodeLM(pretrained="demo-llada", batch_size=lm_batch, progress=False, **decoding)
     res = lm_eval.simple_evaluate(
-        model=lm,
-        tasks=["parallelbench_waiting_line_copy"],
-        task_manager=task_manager,
-        limit=n,
-        apply_chat_template=True,
-        bootstrap_iters=0,
+        model=lm, tasks=[name], task_manager=task_manager, limit=n, apply_chat_template=True, bootstrap_iters=0
     )
-    task = load_task(SHARED_DATA, "waiting_line/copy", limit=n)
-    chats = [build_messages(task.config, s) for s in task.samples]
-    out = dlm_decode.generate(lm.model, chats, tokenizer=lm.tokenizer, chat=True, **decoding)
-    direct = [
-        score_sample("waiting_line/copy", r.text, s)["score"] for r, s in zip(out.rows, task.samples, strict=True)
-    ]
-    assert res["results"]["parallelbench_waiting_line_copy"]["score,none"] == pytest.approx(sum(direct) / n)
-    texts = [
-        s["resps"][0][0] for s in sorted(res["samples"]["parallelbench_waiting_line_copy"], key=lambda s: s["doc_id"])
-    ]
+    lm_score = res["results"][name]["score,none"]
+    texts = [s["resps"][0][0] for s in sorted(res["samples"][name], key=lambda s: s["doc_id"])]
+
+    task = load_task(SHARED_DATA, f"waiting_line/{op}", limit=n)
+    out = dlm_decode.generate(
+        lm.model, [build_messages(task.config, s) for s in task.samples], tokenizer=lm.tokenizer, chat=True, **decoding
+    )
+    direct = [score_sample(task.name, r.text, s)["score"] for r, s in zip(out.rows, task.samples, strict=True)]
     assert texts == [r.text for r in out.rows]
-    # and the ParallelBench runner, same decoding, reports the same score and texts
-    from dlm_decode.parallelbench.runner import run_task
+    assert lm_score == pytest.approx(sum(direct) / n)
 
-    pb = run_task(lm.model, lm.tokenizer, task, decoding, batch_size=4)
-    assert pb.score == pytest.approx(100 * res["results"]["parallelbench_waiting_line_copy"]["score,none"])
+    pb = run_task(lm.model, lm.tokenizer, task, decoding, batch_size=runner_batch)
     assert [o["text"] for o in pb.outputs] == texts
-
-
-@pytest.mark.skipif(not DEMO.is_dir(), reason="demo-llada is not shipped yet")
-@needs_pb
-def test_demo_lm_eval_matches_the_runner_with_a_fast_sampler_and_cache(task_manager):
-    from dlm_decode.parallelbench import load_task
-    from dlm_decode.parallelbench.runner import run_task
-
-    decoding = dict(sampler="threshold", cache="dual", gen_length=32, block_length=32, temperature=0.0, seed=0)
-    lm = DLMDecodeLM(pretrained="demo-llada", batch_size=3, progress=False, **decoding)
-    n = 4
-    res = lm_eval.simple_evaluate(
-        model=lm,
-        tasks=["parallelbench_waiting_line_reverse"],
-        task_manager=task_manager,
-        limit=n,
-        apply_chat_template=True,
-        bootstrap_iters=0,
-    )
-    task = load_task(SHARED_DATA, "waiting_line/reverse", limit=n)
-    pb = run_task(lm.model, lm.tokenizer, task, decoding, batch_size=2)
-    samples = sorted(res["samples"]["parallelbench_waiting_line_reverse"], key=lambda s: s["doc_id"])
-    assert [o["text"] for o in pb.outputs] == [s["resps"][0][0] for s in samples]
-    assert pb.score == pytest.approx(100 * res["results"]["parallelbench_waiting_line_reverse"]["score,none"])
+    assert pb.score == pytest.approx(100 * lm_score)

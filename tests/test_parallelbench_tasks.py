@@ -5,6 +5,7 @@ import re
 import pytest
 from conftest import SHARED_DATA  # noqa: E402
 
+from dlm_decode.parallelbench.generator import WAITING_LINE_OPS
 from dlm_decode.parallelbench.tasks import (
     Task,
     answer_text,
@@ -22,18 +23,7 @@ needs_data = pytest.mark.skipif(
     not DATA_DIR.is_dir(), reason=f"official ParallelBench test data not found at {DATA_DIR}"
 )
 
-WAITING_LINE = [
-    "copy",
-    "insert_index",
-    "insert_random",
-    "remove_index",
-    "remove_random",
-    "replace_index",
-    "replace_random",
-    "reverse",
-    "shuffle",
-    "sort",
-]
+WAITING_LINE = list(WAITING_LINE_OPS)
 WORDS = [
     f"{level}{suffix}"
     for level in ("easy", "medium", "hard")

@@ -15,20 +15,10 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from dlm_decode.parallelbench.generator import WAITING_LINE_OPS
+
 RECIPES = Path(__file__).resolve().parent.parent
 TRAIN_DEMO = RECIPES / "train_demo"
-WAITING_LINE_OPS = (
-    "copy",
-    "insert_index",
-    "insert_random",
-    "remove_index",
-    "remove_random",
-    "replace_index",
-    "replace_random",
-    "reverse",
-    "shuffle",
-    "sort",
-)
 WAITING_LINE = tuple(f"waiting_line/{op}" for op in WAITING_LINE_OPS)
 DETERMINISTIC_WAITING_LINE = tuple(
     f"waiting_line/{op}" for op in ("copy", "reverse", "sort", "insert_index", "remove_index", "replace_index")

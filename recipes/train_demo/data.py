@@ -20,21 +20,16 @@ import json
 import random
 from pathlib import Path
 
-from dlm_decode.parallelbench.generator import generate_task, load_names, random_answer, sample_key
+from dlm_decode.parallelbench.generator import (
+    WAITING_LINE_OPS,
+    generate_task,
+    load_names,
+    random_answer,
+    sample_key,
+)
 from dlm_decode.parallelbench.tasks import build_messages, list_tasks, load_task, max_new_tokens
 
-WAITING_LINE = [
-    "copy",
-    "insert_index",
-    "insert_random",
-    "remove_index",
-    "remove_random",
-    "replace_index",
-    "replace_random",
-    "reverse",
-    "shuffle",
-    "sort",
-]
+WAITING_LINE = list(WAITING_LINE_OPS)
 TASKS = [f"waiting_line/{op}" for op in WAITING_LINE] + ["puzzle/latin_square_n4", "puzzle/sudoku_n4_12"]
 # more rows for the tasks expected to learn slowest (ordering names, reversing, sudoku)
 DEFAULT_WEIGHTS = {"waiting_line/sort": 1.5, "waiting_line/reverse": 1.25, "puzzle/sudoku_n4_12": 1.5}
