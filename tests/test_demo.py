@@ -93,3 +93,36 @@ def test_demo_quick_runs_every_quick_config(tok_dir, capsys):
     assert sum(line.startswith("all tasks") for line in table.splitlines()) + table.count("not run:") >= 1
     for c in cfgs:
         assert c["label"] in table
+
+
+@needs_data
+def test_shipped_held_out_tasks_equal_a_fresh_generation(tmp_path):
+    from dlm_decode.demo import HELD_OUT_FILE, write_held_out_tasks
+
+    fresh = tmp_path / "tasks.json"
+    write_held_out_tasks(SHARED_DATA, fresh)
+    assert fresh.read_text() == HELD_OUT_FILE.read_text()
+    official = {
+        json.dumps(json.loads(line)["input"], sort_keys=True)
+        for task in ("copy", "reverse", "replace_random", "shuffle")
+        for line in (SHARED_DATA / "waiting_line" / f"{task}.jsonl").read_text().splitlines()
+    }
+    shipped = json.loads(HELD_OUT_FILE.read_text())["tasks"]
+    inputs = [json.dumps(s["input"], sort_keys=True) for t in shipped if "waiting" in t["name"] for s in t["samples"]]
+    assert len(inputs) == 32 and not official & set(inputs)  # none of the official test samples
+
+
+def test_demo_runs_without_a_data_directory_on_the_shipped_tasks(tok_dir, capsys, monkeypatch):
+    import dlm_decode.parallelbench.runner as runner
+
+    monkeypatch.delenv("DLM_PARALLELBENCH_DATA", raising=False)
+    monkeypatch.setattr(runner, "default_data_dir", lambda: None)  # a fresh machine without the benchmark files
+    argv = ["demo", "--model", str(tok_dir), "--quick", "--samples", "2", "--max-configs", "2", "--json"]
+    assert main(argv) == 0
+    cap = capsys.readouterr()
+    assert "shipped held-out tasks" in cap.err
+    out = json.loads(cap.out.strip().splitlines()[-1])
+    assert {r["task"] for r in out["rows"]} == {"waiting_line/copy", "waiting_line/shuffle", "puzzle/sudoku_n4_12"}
+    # asking for more than the shipped set holds names what is shipped and how to get more
+    assert main(["demo", "--model", str(tok_dir), "--samples", "9"]) == 2
+    assert "8 samples each" in capsys.readouterr().err
