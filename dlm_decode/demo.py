@@ -132,6 +132,23 @@ def demo_configs(quick: bool = False, max_configs: int = 24) -> list[dict[str, A
     return configs[: max(1, max_configs)]
 
 
+def _with_shipped_filter(cfg: dict[str, Any], model: str) -> dict[str, Any]:
+    """``learned_filter`` runs with the Learn2PD filter shipped beside the model (``learn2pd_filter.safetensors``,
+    trained by ``recipes/learn2pd/ship_demo.sh``) at one token per step plus the filter, EoTP on, as in the paper;
+    without one it is LLaDA's rule at the demo's fixed budget, and labelled so."""
+    if cfg["sampler"] != "learned_filter":
+        return cfg
+    from dlm_decode.models.loading import resolve_model_path
+
+    try:
+        path = resolve_model_path(model) / "learn2pd_filter.safetensors"
+    except FileNotFoundError:
+        return cfg
+    if not path.is_file():
+        return cfg | {"label": f"{cfg['label']} (no filter)"}
+    return cfg | {"k": 1, "label": "learned_filter eotp", "sampler_options": {"filter": str(path), "eotp": True}}
+
+
 def _load_model(name: str, dtype: str, device: str):
     import dlm_decode
     from dlm_decode.models.loading import DEMO_DIR, DEMO_MODELS
@@ -168,7 +185,7 @@ def run(args: argparse.Namespace) -> int:
     model, tok = _load_model(args.model, args.dtype, args.device)
     if tok is None:
         raise ValueError(f"{args.model} ships no tokenizer: the demo needs one for its chat prompts")
-    configs = demo_configs(args.quick, args.max_configs)
+    configs = [_with_shipped_filter(c, args.model) for c in demo_configs(args.quick, args.max_configs)]
     warm_up(model, tok, tasks)
     print(
         f"demo: {args.model}, {len(tasks)} tasks x {samples} samples (seed {args.seed}), {len(configs)} configs",
@@ -179,6 +196,7 @@ def run(args: argparse.Namespace) -> int:
     units = [(c, t) for c in configs for t in tasks]
     for c, t in tqdm(units, desc="demo", unit="run", file=sys.stderr):
         decoding = {"sampler": c["sampler"], "cache": c["cache"], "temperature": 0.0, "seed": 0}
+        decoding["sampler_options"] = c.get("sampler_options", {})
         row = {"task": t.name, "config": c["label"], "sampler": c["sampler"], "cache": c["cache"]}
         try:
             res = run_task(model, tok, t, decoding, k=c["k"], batch_size=samples, oracle=bool(c.get("oracle")))

@@ -29,6 +29,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from oracle_data import load_prompts, model_sha256  # noqa: E402
 
 
+def _relative(path: str) -> str:
+    """``path`` relative to the working directory when it lies below it (recorded files stay machine-independent)."""
+    p = Path(path).resolve()
+    return str(p.relative_to(Path.cwd())) if p.is_relative_to(Path.cwd()) else str(path)
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", required=True)
@@ -70,7 +76,7 @@ def main(argv: list[str] | None = None) -> dict:
         "prompts": count,
         "mean_nfe": {k: round(v / max(1, count), 2) for k, v in nfe.items()},
         "same_text_as_one_per_step": {k: round(v / max(1, count), 3) for k, v in same.items()},
-        "filter": args.filter,
+        "filter": _relative(args.filter),
     }
     cfg = filter_config(args.filter)
     trained_for = (cfg.get("data") or {}).get("model_sha256")

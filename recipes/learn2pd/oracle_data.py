@@ -30,10 +30,11 @@ from dlm_decode.samplers.oracle import oracle_generate
 
 
 def model_sha256(name_or_path: str) -> str | None:
-    """Hash of the checkpoint weights, so a filter can be matched to the model it was trained for."""
+    """Hash of the checkpoint weights (``model.safetensors`` or its shards; not a filter shipped beside them), so a
+    filter can be matched to the model it was trained for."""
     from dlm_decode.models.loading import resolve_model_path
 
-    files = sorted(resolve_model_path(name_or_path).glob("*.safetensors"))
+    files = sorted(resolve_model_path(name_or_path).glob("model*.safetensors"))
     if not files:
         return None
     h = hashlib.sha256()
