@@ -139,18 +139,21 @@ def test_recipe_end_to_end_on_a_tiny_checkpoint(llada, llada_dir, tmp_path):
     assert not (out.sequences == llada.mask_token_id).any()
 
 
-SHIPPED = Path(__file__).resolve().parent.parent / "dlm_decode" / "demo_models" / "demo-llada"
+DEMO_DIR = Path(__file__).resolve().parent.parent / "dlm_decode" / "demo_models"
 
 
-@pytest.mark.skipif(not (SHIPPED / "learn2pd_filter.safetensors").is_file(), reason="no shipped demo filter")
-def test_shipped_demo_filter_matches_the_shipped_model():
-    cfg = filter_config(SHIPPED / "learn2pd_filter.safetensors")
-    assert cfg["data"]["model_sha256"] == _recipe("oracle_data").model_sha256(str(SHIPPED)), (
-        "the demo-llada weights changed since its Learn2PD filter was trained; retrain it with "
-        "`bash recipes/learn2pd/ship_demo.sh demo-llada`"
+@pytest.mark.parametrize("name", ["demo-llada", "demo-dream"])
+def test_shipped_demo_filter_matches_the_shipped_model(name):
+    shipped = DEMO_DIR / name
+    if not (shipped / "learn2pd_filter.safetensors").is_file():
+        pytest.skip(f"no Learn2PD filter shipped with {name}")
+    cfg = filter_config(shipped / "learn2pd_filter.safetensors")
+    assert cfg["data"]["model_sha256"] == _recipe("oracle_data").model_sha256(str(shipped)), (
+        f"the {name} weights changed since its Learn2PD filter was trained; retrain it with "
+        f"`bash recipes/learn2pd/ship_demo.sh {name}`"
     )
-    model, tok = dlm_decode.load_model("demo-llada")
-    opts = {"filter": str(SHIPPED / "learn2pd_filter.safetensors"), "eotp": True}
+    model, tok = dlm_decode.load_model(name)
+    opts = {"filter": str(shipped / "learn2pd_filter.safetensors"), "eotp": True}
     chat = [{"role": "user", "content": 'Please copy the list exactly:\n["Anna Baker", "Carl Diaz"]\n'}]
     out = dlm_decode.generate(model, [chat], tokenizer=tok, chat=True, sampler="learned_filter",
                               sampler_options=opts, gen_length=32, block_length=32, steps=32)  # fmt: skip
