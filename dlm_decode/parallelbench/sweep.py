@@ -63,6 +63,14 @@ def load_grid(spec: str | dict[str, Any]) -> dict[str, Any]:
     return json.loads(path.read_text())
 
 
+def _short(value: Any) -> Any:
+    """A file-path option (a Learn2PD filter) is labelled by its file and parent folder, not its full path."""
+    if isinstance(value, str) and ("/" in value or value.endswith(".safetensors")):
+        p = Path(value)
+        return f"{p.parent.name}/{p.name}" if p.parent.name else p.name
+    return value
+
+
 def _label(cfg: dict[str, Any]) -> str:
     s = cfg["sampler"]
     opts = cfg.get("sampler_options") or {}
@@ -71,7 +79,8 @@ def _label(cfg: dict[str, Any]) -> str:
     elif cfg.get("k") is not None and s == "low_confidence" and not opts:
         head = f"top-k k={cfg['k']}"
     else:
-        head = s + "".join(f" {v}" if len(opts) == 1 else f" {k}={v}" for k, v in opts.items())
+        shown = {k: _short(v) for k, v in opts.items()}
+        head = s + "".join(f" {v}" if len(shown) == 1 else f" {k}={v}" for k, v in shown.items())
     tail = f" b{cfg['block_length']}" if cfg.get("block_length") else ""
     cache = cfg.get("cache") or "none"
     return head + tail + ("" if cache == "none" else f" +{cache}")
