@@ -24,12 +24,28 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 def add_decoding_args(p: argparse.ArgumentParser, *, gen_length: int | None = 128) -> None:
     """Flags every decoding command shares (same names in generate, parallelbench, demo, benchmarks)."""
+    from dlm_decode.samplers.presets import PRESETS
+
     g = p.add_argument_group("decoding")
-    g.add_argument("--sampler", default="low_confidence", help="sampler name (see `dlm-decode generate --list`)")
+    g.add_argument(
+        "--sampler", default=None, help="sampler name (default low_confidence; see `dlm-decode generate --list`)"
+    )
+    g.add_argument(
+        "--preset",
+        default=None,
+        metavar="NAME",
+        help="a paper's published setting: sets the sampler and its options"
+        + (" and, unless given, gen length, block length and steps" if gen_length is not None else "")
+        + "; --sampler-opt adds to / overrides its options. One of: "
+        + ", ".join(sorted(PRESETS)),
+    )
     g.add_argument("--sampler-opt", action="append", default=[], metavar="KEY=VALUE", help="sampler option")
     g.add_argument("--cache", default="none", help="cache policy name")
     g.add_argument("--cache-opt", action="append", default=[], metavar="KEY=VALUE", help="cache option")
-    g.add_argument("--gen-length", type=int, default=gen_length, help="generation slots after the prompt")
+    g.add_argument(
+        "--gen-length", type=int, default=None, help=f"generation slots after the prompt (default {gen_length})"
+    )
+    p.set_defaults(_default_gen_length=gen_length)
     g.add_argument("--block-length", type=int, default=None, help="block size (default: 32, or gen length)")
     g.add_argument("--steps", type=int, default=None, help="total steps for fixed-budget samplers (default: gen)")
     g.add_argument("--temperature", type=float, default=0.0)
@@ -45,14 +61,27 @@ def add_decoding_args(p: argparse.ArgumentParser, *, gen_length: int | None = 12
 def decoding_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     """Parsed flags -> keyword arguments of ``dlm_decode.generate`` (validated there)."""
     from dlm_decode.options import parse_kv
+    from dlm_decode.samplers.presets import get_preset
 
+    options = parse_kv(args.sampler_opt)
+    preset = get_preset(args.preset) if getattr(args, "preset", None) else None
+    overrides: dict[str, Any] = {}
+    if preset is not None:
+        if args.sampler is not None and args.sampler != preset.sampler:
+            raise ValueError(f"--preset {preset.name} decodes with {preset.sampler!r}; drop --sampler {args.sampler}")
+        options = preset.options | options
+        if args._default_gen_length is not None:  # commands with their own lengths (ParallelBench) keep them
+            overrides = dict(preset.config)
+    gen_length = (
+        args.gen_length if args.gen_length is not None else overrides.get("gen_length", args._default_gen_length)
+    )
     kw = dict(
-        sampler=args.sampler,
-        sampler_options=parse_kv(args.sampler_opt),
+        sampler=preset.sampler if preset else (args.sampler or "low_confidence"),
+        sampler_options=options,
         cache=args.cache,
         cache_options=parse_kv(args.cache_opt),
-        block_length=args.block_length,
-        steps=args.steps,
+        block_length=args.block_length if args.block_length is not None else overrides.get("block_length"),
+        steps=args.steps if args.steps is not None else overrides.get("steps"),
         temperature=args.temperature,
         top_p=args.top_p,
         top_k=args.top_k,
@@ -60,8 +89,8 @@ def decoding_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         stop_at_eos=args.stop_at_eos,
         cfg_scale=args.cfg_scale,
     )
-    if args.gen_length is not None:
-        kw["gen_length"] = args.gen_length
+    if gen_length is not None:
+        kw["gen_length"] = gen_length
     return kw
 
 

@@ -91,6 +91,9 @@ def test_text_prompts_with_chat_template(llada_dir, tmp_path, capsys):
         (["--cache", "nope"], "valid caches"),
         (["--sampler-opt", "alg_temp"], "KEY=VALUE"),
         (["--dtype", "float32", "--gen-length", "7", "--block-length", "4"], "multiple of block_length"),
+        (["--preset", "nope"], "valid presets"),
+        (["--preset", "prophet", "--sampler", "threshold"], "drop --sampler"),
+        (["--preset", "fast_dllm_threshold", "--sampler-opt", "threshold=1.5"], "threshold"),
     ],
 )
 def test_bad_flags_exit_2_with_a_message(llada_dir, capsys, args, needle):
@@ -110,3 +113,20 @@ def test_every_registered_sampler_is_reachable_from_the_cli(llada_dir, capsys):
             == 0
         ), name
         capsys.readouterr()
+
+
+def test_preset_sets_sampler_options_and_lengths_unless_given(llada_dir, capsys):
+    """A preset fills sampler, options and lengths; explicit flags win."""
+    from dlm_decode.samplers.presets import get_preset
+
+    demo = "demo-llada"  # 512 positions: room for the presets' gen length 256
+    assert main(["generate", demo, "--input-ids", "5,6", "--preset", "prophet_gsm8k", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    preset = get_preset("prophet_gsm8k")
+    assert out["sampler"]["name"] == "early_commit" and tuple(out["sampler"]["thresholds"]) == (8.0, 5.0, 3.5)
+    assert len(out["rows"][0]["generated_ids"]) == preset.config["gen_length"] == 256
+    argv = ["generate", str(llada_dir), "--input-ids", "5,6", "--preset", "fast_dllm_threshold", "--json"]
+    assert main([*argv, "--gen-length", "16", "--block-length", "8", "--sampler-opt", "threshold=0.5"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["sampler"] == {"name": "threshold", "threshold": 0.5}
+    assert len(out["rows"][0]["generated_ids"]) == 16
