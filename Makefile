@@ -30,4 +30,4 @@ lint: $(VENV)/.dev
 	$(BIN)/ruff format --check .
 
 test: lint
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -m "not gpu"   # slow tests included (about a minute more); a bare pytest skips them
