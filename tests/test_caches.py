@@ -44,10 +44,14 @@ def _run(model, sampler, cache, prompts=PROMPTS, cache_options=None, **kw):
     return dlm_decode.generate(model, prompts, sampler=sampler, cache=cache, cache_options=cache_options, **kw)
 
 
+class _Calls(list):
+    store_ptrs: tuple | None = None  # (k ptr, v ptr, shape) of the call's K/V store, fixed after the first step
+
+
 @pytest.fixture
 def checked_forward(monkeypatch):
     """Wrap the loop's forward: every plan must compute the hidden state behind each committable masked slot."""
-    calls = []
+    calls = _Calls()
     original = loop._forward
 
     def forward(model, state, plan, region, store):
@@ -64,6 +68,10 @@ def checked_forward(monkeypatch):
             computed.scatter_(1, plan.compute, True)
         assert (computed[:, src] | ~need).all(), f"step {state.step}: a masked slot's hidden state is not computed"
         calls.append(plan)
+        if store is not None:  # the one store of the call: same buffers every step, nothing reallocated
+            ptrs = (store.k.data_ptr(), store.v.data_ptr(), store.k.shape)
+            assert calls.store_ptrs in (None, ptrs), f"step {state.step}: the K/V store was reallocated"
+            calls.store_ptrs = ptrs
         return original(model, state, plan, region, store)
 
     monkeypatch.setattr(loop, "_forward", forward)
@@ -81,6 +89,7 @@ def test_every_cache_runs_every_sampler(tiny_model, cache, sampler, checked_forw
     n_layers, n_kv, hd = tiny_model.kv_shape()
     assert out.cache_bytes == 2 * n_layers * len(PROMPTS) * n_kv * out.sequences.shape[1] * hd * 4
     assert out.refreshes >= 1 and len(checked_forward) == out.nfe
+    assert checked_forward.store_ptrs is not None  # the store was used, and never reallocated
 
 
 @pytest.mark.parametrize("sampler", FEW_SAMPLERS)
