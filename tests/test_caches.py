@@ -220,6 +220,20 @@ def test_window_commits_only_active_masks(llada):
         assert (left[trace == s] <= active).all(), s
 
 
+@pytest.mark.parametrize("sampler", ["low_confidence", "threshold"])
+def test_window_gathered_and_masked_keys_decode_alike(llada, monkeypatch, sampler):
+    """The window's keys as a gather (small windows) or as a mask over the canvas (large ones): same tokens."""
+    import dlm_decode.cache.window as window
+
+    opts = {"refresh_cycle": 8, "window_tokens": 4, "active_tokens": 2}
+    kw = dict(cache_options=opts, gen_length=32, block_length=16)
+    monkeypatch.setattr(window, "GATHER_AT_MOST", 1.0)  # always gather
+    gathered = _run(llada, sampler, "window", **kw)
+    monkeypatch.setattr(window, "GATHER_AT_MOST", 0.0)  # always mask
+    masked = _run(llada, sampler, "window", **kw)
+    assert torch.equal(gathered.sequences, masked.sequences) and gathered.nfe == masked.nfe
+
+
 def test_greedy_recomputes_less_than_decode(llada):
     """Same refresh schedule: greedy's pruned steps skip the masks outside the block and far from new tokens."""
     kw = dict(gen_length=32, block_length=8, steps=32, cache_options={"refresh_interval": 2})
