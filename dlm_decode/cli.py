@@ -24,12 +24,12 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 def add_decoding_args(p: argparse.ArgumentParser, *, gen_length: int | None = 128) -> None:
     """Flags every decoding command shares (same names in generate, parallelbench, demo, benchmarks)."""
+    from dlm_decode.cache import CACHES
+    from dlm_decode.samplers import SAMPLERS
     from dlm_decode.samplers.presets import PRESETS
 
     g = p.add_argument_group("decoding")
-    g.add_argument(
-        "--sampler", default=None, help="sampler name (default low_confidence; see `dlm-decode generate --list`)"
-    )
+    g.add_argument("--sampler", default=None, help="sampler name (default low_confidence): " + ", ".join(SAMPLERS))
     g.add_argument(
         "--preset",
         default=None,
@@ -40,7 +40,7 @@ def add_decoding_args(p: argparse.ArgumentParser, *, gen_length: int | None = 12
         + ", ".join(sorted(PRESETS)),
     )
     g.add_argument("--sampler-opt", action="append", default=[], metavar="KEY=VALUE", help="sampler option")
-    g.add_argument("--cache", default="none", help="cache policy name")
+    g.add_argument("--cache", default="none", help="cache policy name: " + ", ".join(CACHES))
     g.add_argument("--cache-opt", action="append", default=[], metavar="KEY=VALUE", help="cache option")
     g.add_argument(
         "--gen-length", type=int, default=None, help=f"generation slots after the prompt (default {gen_length})"
