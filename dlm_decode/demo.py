@@ -149,6 +149,17 @@ def _with_shipped_filter(cfg: dict[str, Any], model: str) -> dict[str, Any]:
     return cfg | {"k": 1, "label": "learned_filter eotp", "sampler_options": {"filter": str(path), "eotp": True}}
 
 
+def _with_tokenizer_delimiters(cfg: dict[str, Any], tok: Any) -> dict[str, Any]:
+    """``adaptive_block``'s default delimiter is LLaDA's newline id; on another vocabulary (the demo tokenizer) use the
+    ids of that tokenizer's newline tokens, as AdaBlock intends."""
+    if cfg["sampler"] != "adaptive_block":
+        return cfg
+    from dlm_decode.samplers.adaptive_block import delimiter_ids_from_tokenizer
+
+    ids = delimiter_ids_from_tokenizer(tok)
+    return cfg | {"sampler_options": {**cfg.get("sampler_options", {}), "delimiter_ids": ids}} if ids else cfg
+
+
 def _load_model(name: str, dtype: str, device: str):
     import dlm_decode
     from dlm_decode.models.loading import DEMO_DIR, DEMO_MODELS
@@ -186,6 +197,7 @@ def run(args: argparse.Namespace) -> int:
     if tok is None:
         raise ValueError(f"{args.model} ships no tokenizer: the demo needs one for its chat prompts")
     configs = [_with_shipped_filter(c, args.model) for c in demo_configs(args.quick, args.max_configs)]
+    configs = [_with_tokenizer_delimiters(c, tok) for c in configs]
     warm_up(model, tok, tasks)
     print(
         f"demo: {args.model}, {len(tasks)} tasks x {samples} samples (seed {args.seed}), {len(configs)} configs",

@@ -126,3 +126,18 @@ def test_demo_runs_without_a_data_directory_on_the_shipped_tasks(tok_dir, capsys
     # asking for more than the shipped set holds names what is shipped and how to get more
     assert main(["demo", "--model", str(tok_dir), "--samples", "9"]) == 2
     assert "8 samples each" in capsys.readouterr().err
+
+
+def test_demo_gives_adaptive_block_the_tokenizers_newline_ids():
+    from dlm_decode.demo import _with_tokenizer_delimiters
+    from dlm_decode.models.loading import resolve_model_path
+
+    if not resolve_model_path("demo-llada").is_dir():
+        pytest.skip("demo-llada not shipped")
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(resolve_model_path("demo-llada"))
+    cfg = _with_tokenizer_delimiters({"sampler": "adaptive_block", "label": "adaptive_block"}, tok)
+    ids = cfg["sampler_options"]["delimiter_ids"]
+    assert ids and all("\n" in tok.decode([i]) for i in ids)
+    assert _with_tokenizer_delimiters({"sampler": "threshold"}, tok) == {"sampler": "threshold"}
