@@ -3,12 +3,16 @@
     python benchmarks/bench_caches.py                      # gen 256 and 1024, batch 1 and 8, 3 repeats
     python benchmarks/bench_caches.py --quick              # smoke run: gen 64, batch 1 and 4, 1 repeat
     python benchmarks/bench_caches.py --model DIR --gen-lengths 256 --batches 8 --caches none,dual,dkv_decode
+    python benchmarks/bench_caches.py --model random:llada-8b --dtype bfloat16 --device cuda   # LLaDA-8B widths, GPU
 
 Model: ``--model`` (a checkpoint directory or demo name); by default the shipped ``demo-llada`` when present, else a
-random tiny LLaDA built in memory (the run says which). Prompts: random token ids of mixed lengths (batch 8:
-lengths 12..40; batch 1: the first), fixed by ``--seed``; with a tokenizer the demo model gets chat prompts instead.
+random tiny LLaDA built in memory (the run says which); ``random:llada-8b[:LAYERS]`` builds random weights with
+LLaDA-8B's published widths (optionally fewer layers) on ``--device`` in ``--dtype``: real costs, meaningless tokens
+(with random weights ``threshold`` commits few tokens per step, and near-ties make agreement low). Prompts: random
+token ids of mixed lengths (batch 8: lengths 12..40; batch 1: the first), fixed by ``--seed``; with a tokenizer the
+demo model gets chat prompts instead.
 ``low_confidence`` runs ``steps = gen_length`` (one token per step, the Fast-dLLM baseline), ``threshold`` its default
-0.9; block length 32; fp32; temperature 0.
+0.9; block length 32; fp32 unless ``--dtype``; temperature 0.
 
 Per (gen length, batch, sampler, cache): one untimed warm-up generate (same shapes), then ``--repeats`` timed ones;
 figures are medians. Time is ``GenerateOutput.seconds`` (the decode loop; tokenization excluded). Reported: tokens/s
@@ -62,6 +66,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--block-length", type=int, default=32)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16 (model weights and activations)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default 1 on CPU)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true", help="gen 64, batch 1 and 4, 1 repeat")
@@ -71,30 +76,41 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return a
 
 
-def tiny_llada(device: str) -> Any:
-    """A random LLaDA in the official layout (d 128, 2 layers, 4 heads, vocab 512), built in memory."""
-    from dlm_decode.models.llada import LLaDAConfig, LLaDAModelLM
+# Random LLaDA shapes: the tiny one (CPU smoke runs) and LLaDA-8B's published widths (GPU runs; ``--layers`` may cut
+# the depth, which scales every cache's cost alike). Random weights: the costs are real, the tokens meaningless.
+RANDOM_SHAPES: dict[str, dict[str, int]] = {
+    "tiny": dict(d_model=128, n_layers=2, n_heads=4, n_kv_heads=4, mlp_hidden_size=344, vocab_size=512),
+    "llada-8b": dict(d_model=4096, n_layers=32, n_heads=32, n_kv_heads=32, mlp_hidden_size=12288, vocab_size=126464),
+}
 
+
+def random_llada(device: str, shape: str = "tiny", layers: int | None = None, dtype: str = "float32") -> Any:
+    """A random LLaDA in the official layout with the widths of ``RANDOM_SHAPES[shape]``, built on ``device``."""
+    from dlm_decode.models.llada import LLaDAConfig, LLaDAModelLM
+    from dlm_decode.models.loading import parse_dtype
+
+    dims = dict(RANDOM_SHAPES[shape])
+    if layers:
+        dims["n_layers"] = layers
+    vocab = dims["vocab_size"]
+    mask_id, eos_id = (126336, 126081) if shape == "llada-8b" else (vocab - 1, 1)
     cfg = LLaDAConfig(
-        d_model=128,
-        n_layers=2,
-        n_heads=4,
-        n_kv_heads=4,
-        mlp_hidden_size=344,
-        vocab_size=512,
-        embedding_size=512,
+        **dims,
+        embedding_size=vocab,
         max_sequence_length=4096,
         rope_theta=500000.0,
-        mask_token_id=511,
-        eos_token_id=1,
-        pad_token_id=1,
+        mask_token_id=mask_id,
+        eos_token_id=eos_id,
+        pad_token_id=eos_id,
     )
     torch.manual_seed(0)
-    model = LLaDAModelLM(cfg)
-    with torch.no_grad():  # spread the logits so confidences vary like a trained model's
-        model.model.transformer.ff_out.weight.mul_(40.0)
-        model.model.transformer.ff_out.weight[cfg.mask_token_id] = 0.0
-    return model.to(device).eval()
+    with torch.device(device):
+        model = LLaDAModelLM(cfg).to(parse_dtype(dtype))
+    with torch.no_grad():  # spread the logits so confidences vary like a trained model's (logit std ~9 at any width)
+        head = model.model.transformer.ff_out.weight
+        head.mul_(40.0 * (128 / dims["d_model"]) ** 0.5)
+        head[cfg.mask_token_id] = 0.0
+    return model.eval()
 
 
 def load(args: argparse.Namespace) -> tuple[Any, Any, str]:
@@ -104,8 +120,15 @@ def load(args: argparse.Namespace) -> tuple[Any, Any, str]:
             model, tok = dlm_decode.load_model("demo-llada", device=args.device)
             return model, tok, "demo-llada"
         except FileNotFoundError:
-            return tiny_llada(args.device), None, "random tiny LLaDA built in memory (demo-llada is not shipped)"
-    model, tok = dlm_decode.load_model(name, device=args.device)
+            return random_llada(args.device), None, "random tiny LLaDA built in memory (demo-llada is not shipped)"
+    if name.startswith("random:"):
+        shape, _, layers = name[len("random:") :].partition(":")
+        if shape not in RANDOM_SHAPES:
+            raise SystemExit(f"--model random:SHAPE[:LAYERS]: SHAPE is one of {sorted(RANDOM_SHAPES)}, got {shape!r}")
+        model = random_llada(args.device, shape, int(layers) if layers else None, args.dtype)
+        n = sum(p.numel() for p in model.parameters())
+        return model, None, f"random LLaDA, {shape} widths, {model.config.n_layers} layers, {n / 1e9:.2f}B params"
+    model, tok = dlm_decode.load_model(name, dtype=args.dtype, device=args.device)
     return model, tok, str(name)
 
 

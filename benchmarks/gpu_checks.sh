@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# GPU checks of the attention kernel and the caches, in one go, on a CUDA machine with torch + triton installed:
+#   1. the `gpu`-marked tests (kernel vs twin in fp32/fp16/bf16; decoding through the kernel with every cache);
+#   2. bench_attention.py at the shapes the caches produce with LLaDA-8B / Dream-7B widths (one JSON line each);
+#   3. bench_caches.py on random weights with LLaDA-8B's widths in bf16 (gen lengths from $GENS, default 256).
+# Usage: bash benchmarks/gpu_checks.sh OUTDIR [tests|attention|caches ...]   (default: all three)
+# Runs from a checkout without installing (PYTHONPATH); writes gpu_tests.log, attention.jsonl, caches.log in OUTDIR.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${1:?usage: gpu_checks.sh OUTDIR [tests|attention|caches ...]}
+shift
+parts=${*:-tests attention caches}
+mkdir -p "$out"
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__,
+'transformers', transformers.__version__, torch.cuda.get_device_name())" | tee "$out/versions.txt"
+
+for part in $parts; do
+  case $part in
+  tests)
+    python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_kernels.py tests/test_gpu_decode.py 2>&1 |
+      tee "$out/gpu_tests.log" | tail -15
+    ;;
+  attention)
+    # name|flags: B H Hk Q S W D. S = prompt + gen slots; W = 0 attends to all S under a key mask.
+    : >"$out/attention.jsonl"
+    while IFS='|' read -r name flags; do
+      [[ -z $name ]] && continue
+      line=$(python3 benchmarks/bench_attention.py $flags | tail -1)
+      echo "{\"case\": \"$name\", \"result\": $line}" | tee -a "$out/attention.jsonl"
+    done <<'CASES'
+llada8b-dual-step-b1|--batch 1 --heads 32 --kv-heads 32 --queries 32 --keys 1088 --window 0 --head-dim 128
+llada8b-dual-step-b8|--batch 8 --heads 32 --kv-heads 32 --queries 32 --keys 1088 --window 0 --head-dim 128
+llada8b-window-step-b1|--batch 1 --heads 32 --kv-heads 32 --queries 16 --keys 1088 --window 192 --head-dim 128
+llada8b-window-step-b8|--batch 8 --heads 32 --kv-heads 32 --queries 16 --keys 1088 --window 192 --head-dim 128
+llada8b-full-forward-b1|--batch 1 --heads 32 --kv-heads 32 --queries 1088 --keys 1088 --window 0 --head-dim 128
+llada8b-full-forward-b8|--batch 8 --heads 32 --kv-heads 32 --queries 1088 --keys 1088 --window 0 --head-dim 128
+dream7b-dual-step-b1|--batch 1 --heads 28 --kv-heads 4 --queries 32 --keys 1088 --window 0 --head-dim 128
+dream7b-dual-step-b8|--batch 8 --heads 28 --kv-heads 4 --queries 32 --keys 1088 --window 0 --head-dim 128
+dream7b-full-forward-b8|--batch 8 --heads 28 --kv-heads 4 --queries 1088 --keys 1088 --window 0 --head-dim 128
+default-gather-bf16|--dtype bf16
+default-gather-fp16|--dtype fp16
+default-gather-fp32|--dtype fp32
+CASES
+    ;;
+  caches)
+    python3 benchmarks/bench_caches.py --model "random:llada-8b${LAYERS:+:$LAYERS}" --dtype bfloat16 --device cuda \
+      --gen-lengths "${GENS:-256}" --batches "${BATCHES:-1,8}" --repeats "${REPEATS:-1}" \
+      --samplers "${SAMPLERS:-low_confidence,threshold}" ${CACHES:+--caches $CACHES} 2>&1 | tee "$out/caches.log" |
+      grep -v '^{'
+    ;;
+  *) echo "unknown part $part (tests, attention, caches)" >&2; exit 2 ;;
+  esac
+done
