@@ -61,7 +61,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--model", default=None, help="checkpoint directory or demo name (default: demo-llada if shipped)")
     p.add_argument("--gen-lengths", default="256,1024")
     p.add_argument("--batches", default="1,8")
-    p.add_argument("--caches", default=",".join(["none"] + sorted(set(CACHES) - {"none"})))
+    p.add_argument(
+        "--caches",
+        default=",".join(["none"] + sorted(set(CACHES) - {"none"})),
+        help="comma-separated; a cache may carry options as NAME[KEY=VALUE;KEY=VALUE], e.g. window[prune_refresh=true]",
+    )
     p.add_argument("--samplers", default=",".join(SAMPLERS))
     p.add_argument("--block-length", type=int, default=32)
     p.add_argument("--repeats", type=int, default=3)
@@ -182,8 +186,21 @@ class PeakMemory:
             self.peak = max(self.peak_rss, self._rss()) - self.base
 
 
+def parse_cache(spec: str) -> tuple[str, dict[str, str]]:
+    """``window[prune_refresh=true;window_tokens=32]`` -> ("window", options); checked like ``--cache-opt``."""
+    from dlm_decode.cache import get_cache
+    from dlm_decode.options import parse_kv
+
+    name, _, rest = spec.partition("[")
+    opts = parse_kv([kv for kv in rest.rstrip("]").split(";") if kv])
+    get_cache(name, opts)  # unknown names, options and bad values raise here
+    return name, opts
+
+
 def run_one(model, tok, rows, chat, sampler, cache, gen, block, device) -> Any:
-    kw = dict(sampler=sampler, cache=cache, gen_length=gen, block_length=min(block, gen), tokenizer=tok, chat=chat)
+    name, opts = parse_cache(cache)
+    kw = dict(sampler=sampler, cache=name, cache_options=opts, gen_length=gen, block_length=min(block, gen))
+    kw.update(tokenizer=tok, chat=chat)
     if sampler == "low_confidence":
         kw["steps"] = gen
     out = dlm_decode.generate(model, rows, **kw)
@@ -201,11 +218,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     model, tok, model_name = load(args)
     print(f"model: {model_name}; device {args.device}; torch threads {torch.get_num_threads()}")
     caches = [c for c in args.caches.split(",") if c]
+    for c in caches:
+        parse_cache(c)  # unknown names and bad options fail before any work
     if "none" not in caches:
         caches.insert(0, "none")
     results: list[dict[str, Any]] = []
+    cw = max(12, *(len(c) for c in caches))
     header = (
-        f"{'gen':>5} {'B':>2} {'sampler':<15} {'cache':<12} {'tok/s':>9} {'x none':>7} {'NFE':>5} "
+        f"{'gen':>5} {'B':>2} {'sampler':<15} {'cache':<{cw}} {'tok/s':>9} {'x none':>7} {'NFE':>5} "
         f"{'fwd/tok':>8} {'x fwd':>6} {'peak MB':>8} {'KV MB':>7} {'agree':>6}"
     )
     print(header)
@@ -246,7 +266,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     r["forward_ratio"] = r["token_forwards_per_token"] / base["token_forwards_per_token"]
                     r["agreement"] = float((r["tokens"] == base["tokens"]).float().mean())
                     print(
-                        f"{gen:>5} {batch:>2} {sampler:<15} {cache:<12} {r['tokens_per_s']:>9.1f} "
+                        f"{gen:>5} {batch:>2} {sampler:<15} {cache:<{cw}} {r['tokens_per_s']:>9.1f} "
                         f"{r['speedup']:>7.2f} {r['nfe']:>5} {r['token_forwards_per_token']:>8.1f} "
                         f"{r['forward_ratio']:>6.2f} {r['peak_mem_mb']:>8.1f} {r['kv_mb']:>7.2f} "
                         f"{r['agreement']:>6.2f}",

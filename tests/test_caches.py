@@ -24,7 +24,7 @@ EVERY_STEP = {
     "dkv_greedy": {"refresh_interval": 1},
     "dkv_prefill": {"refresh_interval": 1},
     "dkv_pd": {"refresh_interval": 1, "prompt_refresh_interval": 1},
-    "window": {"refresh_cycle": 1},
+    "window": {"refresh_cycle": 1, "prune_refresh": False},
 }
 FEW_SAMPLERS = [s for s in ("low_confidence", "threshold", "factor", "maskgit_plus") if s in SAMPLERS]
 
@@ -234,6 +234,81 @@ def test_window_gathered_and_masked_keys_decode_alike(llada, monkeypatch, sample
     assert torch.equal(gathered.sequences, masked.sequences) and gathered.nfe == masked.nfe
 
 
+def test_window_pruned_phase_start_keeps_the_far_field_out(tiny_model, monkeypatch):
+    """prune_refresh (Dream reference): a phase's first step computes only decoded slots and the first
+    ``window_tokens`` masks, commits only those masks, and later steps never compute a far-field mask."""
+    opts = {"refresh_cycle": 4, "window_tokens": 6, "active_tokens": 3, "prune_refresh": True}
+    original, seen = loop._forward, []
+
+    def forward(model, state, plan, region, store):
+        masked = state.is_masked()  # [B, T], before this step's commits
+        computed = torch.zeros_like(masked)
+        if isinstance(plan.compute, slice):
+            computed[:, plan.compute] = True
+        else:
+            computed.scatter_(1, plan.compute, True)
+        far = masked & (masked.long().cumsum(1) > opts["window_tokens"])
+        last = state.block_step + 1 >= state.block_limit
+        if not last:
+            assert not (computed & far & ~state.finished[:, None]).any(), f"step {state.step} computed the far field"
+        if plan.refresh and not last:
+            assert plan.candidates is not None and not (plan.candidates & far).any()
+        seen.append(plan.refresh)
+        return original(model, state, plan, region, store)
+
+    monkeypatch.setattr(loop, "_forward", forward)
+    kw = dict(gen_length=32, block_length=32, steps=32, cache_options=opts)
+    pruned = _run(tiny_model, "low_confidence", "window", **kw)
+    monkeypatch.setattr(loop, "_forward", original)
+    full = _run(tiny_model, "low_confidence", "window", **{**kw, "cache_options": {**opts, "prune_refresh": False}})
+    assert sum(seen) == 8 and pruned.refreshes == 8  # one pruned first step per phase of 4 steps
+    assert pruned.token_forwards < full.token_forwards
+    assert not (pruned.generated == tiny_model.mask_token_id).any()
+
+
+def test_window_pruned_phase_start_stores_the_window_forward(llada, monkeypatch):
+    """After a pruned first step the stored K/V of the window equal a forward of the truncated canvas
+    ``x[:, :window_end]`` alone (what the Dream reference runs); batch of one, so the window is a prefix."""
+    original, checked = loop._forward, []
+
+    def forward(model, state, plan, region, store):
+        canvas = state.canvas.clone()
+        masked = canvas == state.mask_id
+        logits = original(model, state, plan, region, store)
+        if plan.refresh:
+            end = int((~masked | (masked.long().cumsum(1) <= 5)).long().cumprod(1).sum())  # window_tokens 5
+            n_layers, n_kv, hd = model.kv_shape()
+            fresh = KVStore(n_layers, 1, n_kv, end, hd, dtype=store.k.dtype, device=store.k.device)
+            model.denoise(canvas[:, :end], state.positions[:, :end], region=(0, end), store=fresh, compute=slice(None))
+            # same keys, other reduction order (a masked canvas vs a shorter one): equal to float rounding
+            torch.testing.assert_close(store.k[..., :end, :], fresh.k, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(store.v[..., :end, :], fresh.v, rtol=1e-5, atol=1e-5)
+            checked.append(end)
+        return logits
+
+    monkeypatch.setattr(loop, "_forward", forward)
+    out = _run(
+        llada,
+        "low_confidence",
+        "window",
+        prompts=PROMPTS[:1],
+        gen_length=24,
+        block_length=24,
+        steps=24,
+        cache_options={"refresh_cycle": 6, "window_tokens": 5, "active_tokens": 2, "prune_refresh": True},
+    )
+    assert len(checked) == out.refreshes == 4 and checked[0] < out.sequences.shape[1]
+
+
+@pytest.mark.parametrize("sampler", ["low_confidence", "threshold"])
+def test_window_pruning_with_a_window_over_every_mask_is_the_full_refresh(tiny_model, sampler):
+    kw = dict(gen_length=24, block_length=24, steps=24)
+    opts = {"refresh_cycle": 6, "window_tokens": 24, "active_tokens": 4, "prune_refresh": True}
+    pruned = _run(tiny_model, sampler, "window", cache_options=opts, **kw)
+    full = _run(tiny_model, sampler, "window", cache_options={**opts, "prune_refresh": False}, **kw)
+    assert torch.equal(pruned.sequences, full.sequences) and pruned.nfe == full.nfe
+
+
 def test_greedy_recomputes_less_than_decode(llada):
     """Same refresh schedule: greedy's pruned steps skip the masks outside the block and far from new tokens."""
     kw = dict(gen_length=32, block_length=8, steps=32, cache_options={"refresh_interval": 2})
@@ -250,6 +325,8 @@ def test_bad_cache_names_and_options_fail_loudly():
             get_cache(name, {"refresh_interval": 0})
     with pytest.raises(ValueError, match="prompt_refresh_interval"):
         get_cache("dkv_pd", {"prompt_refresh_interval": -2})
+    with pytest.raises(ValueError, match="prune_refresh expects true/false"):
+        get_cache("window", {"prune_refresh": 1})
     for key in ("refresh_cycle", "window_tokens", "active_tokens"):
         with pytest.raises(ValueError, match=f"{key} must be an integer >= 1"):
             get_cache("window", {key: 0})

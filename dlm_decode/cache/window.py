@@ -1,13 +1,26 @@
-"""Window-Diffusion cache: phases of full refresh, then pruned steps over a local window.
+"""Window-Diffusion cache: phases of one refresh, then pruned steps over a local window.
 
-Reference: vhicrgit/Window-Diffusion (``llada/llada_window_diffusion.py``, ``generate`` with ``window_size`` = the
-refresh cycle, ``window_tokens``, ``active_tokens``). Decoding runs in phases of ``refresh_cycle`` steps. A phase's
-first step is one full forward that stores every slot's K/V (its logits decide that step's commits, over every
-masked slot). After that step the **window** is fixed for the phase: every decoded token (prompt included) plus the
-first ``window_tokens`` masks; masks farther right (the far field) are dropped from attention. Every other step of
-the phase runs only the **active** slots -- the first ``active_tokens`` masks, the tokens decoded during the phase
-(and, once, the tokens decoded by the phase's full step) -- whose fresh K/V are written back, against the cached
-window; only the active masks may be committed (``StepPlan.candidates``).
+References: vhicrgit/Window-Diffusion, ``llada/llada_window_diffusion.py`` (``generate`` with ``window_size`` = the
+refresh cycle, ``window_tokens``, ``active_tokens``) and ``dream/model/generation_utils.py``
+(``nearest_sample_fast_v2_cache`` with ``o_win_size`` = ``window_tokens``, ``i_win_size`` = ``active_tokens``,
+``refresh_cycle``). Decoding runs in phases of ``refresh_cycle`` steps. A phase's first step is one forward that
+stores K/V and whose logits decide that step's commits. After it the **window** is fixed for the phase: every decoded
+token (prompt included) plus the first ``window_tokens`` masks; masks farther right (the far field) are dropped. Every
+other step of the phase runs only the **active** slots -- the first ``active_tokens`` masks, the tokens decoded during
+the phase (and, once, the tokens decoded by the phase's first step) -- whose fresh K/V are written back, against the
+cached window; only the active masks may be committed (``StepPlan.candidates``).
+
+``prune_refresh`` picks the phase's first step:
+- ``False`` (default; the LLaDA reference): one full forward over the whole canvas stores every slot's K/V, may
+  commit any mask, and the window is taken after its commits. ``refresh_cycle=1`` then reproduces decoding without
+  a cache.
+- ``True`` (the Dream reference): the far field never enters the model. The first step computes only the
+  window (decoded tokens + the first ``window_tokens`` masks, taken before that step's commits) attending to itself,
+  as the reference runs ``x[:, :window_end]``; its commits are restricted to the window's masks, and the window stays
+  the slots just computed. With ``window_tokens`` >= the masks left this is the full forward. It is much cheaper on
+  long generations, but the model no longer sees how many masks remain: on demo-llada (gen 256, block 32) it kept
+  only 28% of the no-cache tokens and ``threshold`` needed 2x the forwards (``benchmarks/results/``), so it is not
+  the default for either model.
 
 Differences, on purpose: the reference has no blocks; here phases restart at every block start (with the reference's
 single block, ``block_length = gen_length``, that is the same) so a row decodes alike alone and in a batch. Queries
@@ -17,8 +30,7 @@ masked slot of the sampler's region is computed too, so the loop can finish the 
 before each active mask is computed as well. The reference's Dream variant commits only the first mask at a full
 step; we follow the LLaDA variant for both models. Sampler counts are unchanged (a fixed schedule or Dream's count
 still counts every mask); a count larger than the active masks commits only those, and an all-in commit (a row
-stopping early) fills only the active masks with proposals, the loop fills the rest. ``refresh_cycle=1`` refreshes
-every step and reproduces decoding without a cache.
+stopping early) fills only the active masks with proposals, the loop fills the rest.
 
 Keys are gathered (``key_index``) only while the window holds at most half of the canvas; past that (long prompts,
 late in a long generation) the step attends to the whole canvas with the far field masked out, the same attention
@@ -51,6 +63,7 @@ class WindowCache(CachePolicy):
     refresh_cycle: int = 32  # steps per phase (one full forward each)
     window_tokens: int = 64  # masks kept visible in attention during a phase (besides every decoded token)
     active_tokens: int = 16  # masks recomputed (and committable) at each pruned step
+    prune_refresh: bool = False  # True: a phase's first step computes only the window (Dream reference)
 
     name: ClassVar[str] = "window"
 
@@ -59,6 +72,8 @@ class WindowCache(CachePolicy):
             v = getattr(self, key)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"cache {self.name!r}: {key} must be an integer >= 1, got {v!r}")
+        if not isinstance(self.prune_refresh, bool):
+            raise ValueError(f"cache {self.name!r}: prune_refresh must be true or false, got {self.prune_refresh!r}")
 
     def _memory(self, state: DecodeState) -> dict[str, Any]:
         mem = state.scratch.get(f"cache/{self.name}")
@@ -75,18 +90,31 @@ class WindowCache(CachePolicy):
         mem["masked"].copy_(masked)
         start = state.block_step % self.refresh_cycle == 0
         mem["phase_start"] = start
-        if start:
+        if start and not self.prune_refresh:
             return full_plan(state)
         live = state.valid & ~state.finished[:, None]
         in_region = region_mask(state, region)
+        last = state.block_step + 1 >= state.block_limit  # last allowed step: every region mask, nothing restricted
+        if start:  # pruned phase start: the window computes itself; the far field stays out of the model
+            window = state.valid & (~masked | (mask_ranks(masked) <= self.window_tokens))  # [B, T]
+            mem["window"].copy_(window)
+            targets = masked & in_region if last else masked & in_region & window
+            candidates = None if last else window & masked
+            need = window | with_predecessors(targets, state.logit_shift)
+            return self._step(state, region, need & live, window, candidates, refresh=True)
         active = masked & (mask_ranks(masked) <= self.active_tokens) & live  # [B, T]
-        if state.block_step + 1 >= state.block_limit:  # last allowed step: every region mask, nothing restricted
+        if last:
             targets, candidates = active | (masked & in_region), None
         else:
             targets, candidates = active, active
         need = targets | with_predecessors(targets & in_region, state.logit_shift)
         need = (need | mem["phase_decoded"] | mem["once"]) & live
-        keys = (mem["window"] | need) & state.valid  # [B, T]
+        return self._step(state, region, need, mem["window"], candidates)
+
+    @staticmethod
+    def _step(state, region, need, window, candidates, refresh=False) -> StepPlan:
+        """Compute ``need`` [B, T] against the keys ``window | need``, as a gather or a key mask over the canvas."""
+        keys = (window | need) & state.valid  # [B, T]
         if int(keys.sum(1).max()) > GATHER_AT_MOST * keys.shape[1]:  # mostly visible: mask the canvas, no gather
             key_index, key_mask = None, keys
         else:
@@ -96,6 +124,7 @@ class WindowCache(CachePolicy):
             key_mask=key_mask,
             key_index=key_index,
             candidates=candidates,
+            refresh=refresh,
         )
 
     def after_step(self, state: DecodeState, committed: torch.Tensor) -> None:
@@ -103,7 +132,8 @@ class WindowCache(CachePolicy):
         masked = state.is_masked()
         decoded = mem["masked"] & ~masked  # committed or filled during this step
         if mem["phase_start"]:
-            mem["window"].copy_(state.valid & (~masked | (mask_ranks(masked) <= self.window_tokens)))
+            if not self.prune_refresh:  # the full forward stored every slot: the window is taken after its commits
+                mem["window"].copy_(state.valid & (~masked | (mask_ranks(masked) <= self.window_tokens)))
             mem["once"].copy_(decoded)
             mem["phase_decoded"].zero_()
         else:
