@@ -2,9 +2,11 @@
 # GPU checks of the attention kernel and the caches, in one go, on a CUDA machine with torch + triton installed:
 #   1. the `gpu`-marked tests (kernel vs twin in fp32/fp16/bf16; decoding through the kernel with every cache);
 #   2. bench_attention.py at the shapes the caches produce with LLaDA-8B / Dream-7B widths (one JSON line each);
-#   3. bench_caches.py on random weights with LLaDA-8B's widths in bf16 (gen lengths from $GENS, default 256).
-# Usage: bash benchmarks/gpu_checks.sh OUTDIR [tests|attention|caches ...]   (default: all three)
-# Runs from a checkout without installing (PYTHONPATH); writes gpu_tests.log, attention.jsonl, caches.log in OUTDIR.
+#   3. bench_caches.py on random weights with LLaDA-8B's widths in bf16 ($GENS, $BATCHES, $SAMPLERS, $CACHES,
+#      $LAYERS, $REPEATS override its settings; $TAG names the log);
+#   4. tune_attention.py: the kernel's launch parameters swept at those shapes (not in the default set).
+# Usage: bash benchmarks/gpu_checks.sh OUTDIR [tests|attention|caches|tune ...]   (default: tests attention caches)
+# Runs from a checkout without installing (PYTHONPATH); writes gpu_tests.log, attention.jsonl, caches*.log, tune.log.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:?usage: gpu_checks.sh OUTDIR [tests|attention|caches ...]}
@@ -44,11 +46,16 @@ default-gather-fp32|--dtype fp32
 CASES
     ;;
   caches)
+    extra=()
+    [[ -n ${CACHES:-} ]] && extra=(--caches "$CACHES")
     python3 benchmarks/bench_caches.py --model "random:llada-8b${LAYERS:+:$LAYERS}" --dtype bfloat16 --device cuda \
       --gen-lengths "${GENS:-256}" --batches "${BATCHES:-1,8}" --repeats "${REPEATS:-1}" \
-      --samplers "${SAMPLERS:-low_confidence,threshold}" ${CACHES:+--caches $CACHES} 2>&1 | tee "$out/caches.log" |
+      --samplers "${SAMPLERS:-low_confidence,threshold}" "${extra[@]}" 2>&1 | tee "$out/caches${TAG:-}.log" |
       grep -v '^{'
     ;;
-  *) echo "unknown part $part (tests, attention, caches)" >&2; exit 2 ;;
+  tune)
+    python3 benchmarks/tune_attention.py 2>&1 | tee "$out/tune.log" | grep -v '^{'
+    ;;
+  *) echo "unknown part $part (tests, attention, caches, tune)" >&2; exit 2 ;;
   esac
 done

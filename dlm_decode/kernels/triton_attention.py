@@ -27,6 +27,7 @@ tensors set ``TRITON_INTERPRET=1`` before importing it (the flag is read when th
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -184,8 +185,18 @@ def _validate(q, k, v, key_mask, key_index) -> int:
     return n_keys
 
 
-def _blocks(rows: int, head_dim: int, dtype: torch.dtype) -> tuple[int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, BLOCK_D, num_warps) for ``rows`` = g * Q query rows; tl.dot needs every block >= 16.
+@dataclass(frozen=True)
+class KernelConfig:
+    """Launch parameters; ``block_m`` rows (GQA heads x queries) and ``block_n`` keys per tile, both >= 16."""
+
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int = 2
+
+
+def default_config(rows: int, head_dim: int, dtype: torch.dtype) -> KernelConfig:
+    """The launch heuristic for ``rows`` = g * Q query rows (``benchmarks/tune_attention.py`` measures others).
 
     fp32 runs IEEE FMA dots (the exact path, not the fast one): smaller tiles keep its shared memory under 64 KiB.
     """
@@ -195,7 +206,7 @@ def _blocks(rows: int, head_dim: int, dtype: torch.dtype) -> tuple[int, int, int
     block_m = min(cap, max(16, triton.next_power_of_2(rows)))
     block_n = 32 if wide else 64
     num_warps = 4 if block_m * block_d <= 64 * 128 else 8
-    return block_m, block_n, block_d, num_warps
+    return KernelConfig(block_m, block_n, num_warps)
 
 
 def masked_attention_triton(
@@ -206,6 +217,7 @@ def masked_attention_triton(
     key_mask: torch.Tensor | None = None,  # [B, S] or [B, W] bool, True = visible
     key_index: torch.Tensor | None = None,  # [B, W] integer slot ids into S
     scale: float | None = None,
+    config: KernelConfig | None = None,  # launch parameters; None: ``default_config``
 ) -> torch.Tensor:  # [B, H, Q, D], dtype of q
     """The kernel behind ``masked_attention(backend="triton")``; same semantics as ``attention_reference``."""
     n_keys = _validate(q, k, v, key_mask, key_index)
@@ -218,13 +230,16 @@ def masked_attention_triton(
     if n_keys == 0:
         return out.zero_()
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
-    block_m, block_n, block_d, num_warps = _blocks(group * n_q, d, q.dtype)
+    cfg = config or default_config(group * n_q, d, q.dtype)
+    if cfg.block_m < 16 or cfg.block_n < 16:
+        raise ValueError(f"block_m and block_n must be >= 16 (tl.dot), got {cfg}")
+    block_d = max(16, triton.next_power_of_2(d))
     # Unused pointer arguments get q (never read: the HAS_* flags compile those loads away).
     index = key_index if key_index is not None else q
     mask = key_mask.view(torch.uint8) if key_mask is not None else q  # bool -> uint8 without a copy
     index_strides = (key_index.stride(0), key_index.stride(1)) if key_index is not None else (0, 0)
     mask_strides = (key_mask.stride(0), key_mask.stride(1)) if key_mask is not None else (0, 0)
-    grid = (triton.cdiv(group * n_q, block_m), bsz * hk)
+    grid = (triton.cdiv(group * n_q, cfg.block_m), bsz * hk)
     _masked_attention_fwd[grid](
         q,
         k,
@@ -246,10 +261,10 @@ def masked_attention_triton(
         GROUP=group,
         HAS_INDEX=key_index is not None,
         HAS_MASK=key_mask is not None,
-        BLOCK_M=block_m,
-        BLOCK_N=block_n,
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n,
         BLOCK_D=block_d,
-        num_warps=num_warps,
-        num_stages=2,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
     )
     return out
