@@ -77,7 +77,7 @@ def tune_case(name: str, dtype: torch.dtype, seed: int) -> dict:
     def kernel(cfg=None):
         return masked_attention_triton(q, k, v, key_mask=mask, key_index=index, config=cfg)
 
-    base_cfg = default_config((h // hk) * n_q, d, dtype)
+    base_cfg = default_config((h // hk) * n_q, d, dtype, gathered=index is not None)
     ref = kernel()
     rows = []
     for bm, bn, nw, ns in itertools.product(*GRID.values()):

@@ -195,7 +195,7 @@ class KernelConfig:
     num_stages: int = 2
 
 
-def default_config(rows: int, head_dim: int, dtype: torch.dtype) -> KernelConfig:
+def default_config(rows: int, head_dim: int, dtype: torch.dtype, gathered: bool = False) -> KernelConfig:
     """The launch heuristic for ``rows`` = g * Q query rows (``benchmarks/tune_attention.py`` measures others).
 
     fp32 runs IEEE FMA dots (the exact path, not the fast one): smaller tiles keep its shared memory under 64 KiB.
@@ -206,7 +206,9 @@ def default_config(rows: int, head_dim: int, dtype: torch.dtype) -> KernelConfig
     block_m = min(cap, max(16, triton.next_power_of_2(rows)))
     block_n = 32 if wide else 64
     num_warps = 4 if block_m * block_d <= 64 * 128 else 8
-    return KernelConfig(block_m, block_n, num_warps)
+    # 16-bit without a gather: a third pipeline stage was 4-20% faster with the same tiles on an H100 (dual-b8,
+    # dream-dual-b8, full-b8 in benchmarks/results/gpu-h100/tune.log); with a 1024-key gather it was slower
+    return KernelConfig(block_m, block_n, num_warps, num_stages=3 if not (wide or gathered) else 2)
 
 
 def masked_attention_triton(
@@ -230,7 +232,7 @@ def masked_attention_triton(
     if n_keys == 0:
         return out.zero_()
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
-    cfg = config or default_config(group * n_q, d, q.dtype)
+    cfg = config or default_config(group * n_q, d, q.dtype, gathered=key_index is not None)
     if cfg.block_m < 16 or cfg.block_n < 16:
         raise ValueError(f"block_m and block_n must be >= 16 (tl.dot), got {cfg}")
     block_d = max(16, triton.next_power_of_2(d))
