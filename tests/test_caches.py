@@ -220,18 +220,39 @@ def test_window_commits_only_active_masks(llada):
         assert (left[trace == s] <= active).all(), s
 
 
+@pytest.mark.parametrize("prune", [False, True])
 @pytest.mark.parametrize("sampler", ["low_confidence", "threshold"])
-def test_window_gathered_and_masked_keys_decode_alike(llada, monkeypatch, sampler):
-    """The window's keys as a gather (small windows) or as a mask over the canvas (large ones): same tokens."""
+@pytest.mark.parametrize("prompts", [PROMPTS, PROMPTS[:1]], ids=["mixed-batch", "one-row"])
+def test_window_gathered_masked_and_sliced_keys_decode_alike(llada, monkeypatch, sampler, prompts, prune):
+    """The window's keys as a gather (small windows), a mask over the canvas (large ones) or a view of one shared
+    run of slots (a batch of one): the same attention, the same tokens."""
     import dlm_decode.cache.window as window
 
-    opts = {"refresh_cycle": 8, "window_tokens": 4, "active_tokens": 2}
-    kw = dict(cache_options=opts, gen_length=32, block_length=16)
-    monkeypatch.setattr(window, "GATHER_AT_MOST", 1.0)  # always gather
-    gathered = _run(llada, sampler, "window", **kw)
-    monkeypatch.setattr(window, "GATHER_AT_MOST", 0.0)  # always mask
-    masked = _run(llada, sampler, "window", **kw)
-    assert torch.equal(gathered.sequences, masked.sequences) and gathered.nfe == masked.nfe
+    opts = {"refresh_cycle": 8, "window_tokens": 4, "active_tokens": 2, "prune_refresh": prune}
+    kw = dict(prompts=prompts, cache_options=opts, gen_length=32, block_length=16)
+    runs = []
+    monkeypatch.setattr(window, "SLICE_RUNS", False)
+    for share in (1.0, 0.0):  # always gather, always mask
+        monkeypatch.setattr(window, "GATHER_AT_MOST", share)
+        runs.append(_run(llada, sampler, "window", **kw))
+    monkeypatch.setattr(window, "SLICE_RUNS", True)
+    runs.append(_run(llada, sampler, "window", **kw))
+    for other in runs[1:]:
+        assert torch.equal(runs[0].sequences, other.sequences) and runs[0].nfe == other.nfe
+
+
+def test_window_reads_one_shared_run_of_keys_as_a_view(llada, monkeypatch):
+    """Batch of one in blocks: every pruned step's keys are one run of slots, passed as a slice (no gather, no mask)."""
+    original, kinds = loop._forward, []
+
+    def forward(model, state, plan, region, store):
+        if not plan.refresh:
+            kinds.append(type(plan.key_index).__name__ if plan.key_index is not None else "mask")
+        return original(model, state, plan, region, store)
+
+    monkeypatch.setattr(loop, "_forward", forward)
+    _run(llada, "low_confidence", "window", prompts=PROMPTS[:1], gen_length=32, block_length=16, steps=32)
+    assert kinds and set(kinds) == {"slice"}
 
 
 def test_window_pruned_phase_start_keeps_the_far_field_out(tiny_model, monkeypatch):

@@ -32,7 +32,9 @@ CACHES: dict[str, str] = {
 class StepPlan:
     compute: slice | torch.Tensor  # a slice of slots shared by all rows, or [B, Q] sorted slot ids
     key_mask: torch.Tensor | None  # [B, T] (or [B, W] with key_index) bool, True = visible; None = all visible
-    key_index: torch.Tensor | None = None  # [B, W] slots whose K/V the queries attend to (pruning)
+    # [B, W] slots whose K/V the queries attend to (pruning), or a slice: one run of slots shared by every row, read as
+    # a view of the store (then key_mask is None: every slot of the run is visible)
+    key_index: torch.Tensor | slice | None = None
     write: bool = True  # False: attend to the fresh K/V of the computed slots without storing them
     refresh: bool = False  # True when this step recomputes every slot (statistics)
     # [B, T] bool: the only slots the sampler may commit this step (the policy computed their logits; the loop gives

@@ -80,18 +80,28 @@ def rows_to_index(need: torch.Tensor) -> torch.Tensor:
     return torch.where(torch.arange(q, device=need.device)[None, :] < counts[:, None], out, last)
 
 
+def shared_run(mask: torch.Tensor) -> slice | None:
+    """[B, T] bool -> ``slice(c0, c1)`` when every row's True slots are exactly ``[c0, c1)``, else None."""
+    t = mask.shape[1]
+    idx = torch.arange(t, device=mask.device)
+    lo = torch.where(mask, idx, t).min(1).values  # [B]
+    hi = torch.where(mask, idx + 1, 0).max(1).values
+    stats = torch.stack([lo.min(), lo.max(), hi.min(), hi.max(), (mask.sum(1) - (hi - lo)).abs().max()]).tolist()
+    c0, c1 = stats[0], stats[2]
+    return slice(c0, c1) if stats[0] == stats[1] and stats[2] == stats[3] and stats[4] == 0 and c1 > c0 else None
+
+
 def compute_from_mask(need: torch.Tensor, state: DecodeState, region: tuple[int, int]) -> slice | torch.Tensor:
     """A slice when every row needs the same contiguous run of slots and it holds the hidden state behind every
     region slot (``denoise`` insists on that for slices), else ``rows_to_index(need)``."""
-    t = need.shape[1]
-    idx = torch.arange(t, device=need.device)
-    lo = torch.where(need, idx, t).min(1).values  # [B]
-    hi = torch.where(need, idx + 1, 0).max(1).values
-    stats = torch.stack([lo.min(), lo.max(), hi.min(), hi.max(), (need.sum(1) - (hi - lo)).abs().max()]).tolist()
-    c0, c1 = stats[0], stats[2]
-    shared = stats[0] == stats[1] and stats[2] == stats[3] and stats[4] == 0 and c1 > c0
-    covers = c0 <= max(region[0] - state.logit_shift, 0) and c1 >= region[1] - state.logit_shift
-    return slice(c0, c1) if shared and covers else rows_to_index(need)
+    run = shared_run(need)
+    if (
+        run is not None
+        and run.start <= max(region[0] - state.logit_shift, 0)
+        and run.stop >= region[1] - state.logit_shift
+    ):
+        return run
+    return rows_to_index(need)
 
 
 def keys_from_mask(keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -32,9 +32,11 @@ step; we follow the LLaDA variant for both models. Sampler counts are unchanged 
 still counts every mask); a count larger than the active masks commits only those, and an all-in commit (a row
 stopping early) fills only the active masks with proposals, the loop fills the rest.
 
-Keys are gathered (``key_index``) only while the window holds at most half of the canvas; past that (long prompts,
-late in a long generation) the step attends to the whole canvas with the far field masked out, the same attention
-without the per-layer gather, which cost more than it saved (measured at gen 1024 on the demo model).
+How the keys are read (the same attention each way): when they are one run of slots shared by every row (a batch of
+one decoding in blocks: the prompt, the decoded tokens and the first masks), as a view of that run of the store, so
+attention costs the window's length, not the canvas's; otherwise gathered (``key_index``) while the window holds at
+most half of the canvas, and past that (long prompts, late in a long generation) the whole canvas with the far
+field masked out, which avoids a per-layer gather that cost more than it saved (measured at gen 1024, demo model).
 """
 
 from __future__ import annotations
@@ -51,11 +53,13 @@ from dlm_decode.cache.plans import (
     keys_from_mask,
     mask_ranks,
     region_mask,
+    shared_run,
     with_predecessors,
 )
 from dlm_decode.core.state import DecodeState
 
 GATHER_AT_MOST = 0.5  # gather the window's keys only while they are at most this share of the canvas
+SLICE_RUNS = True  # attend through a view of the store when the keys are one run of slots shared by every row
 
 
 @dataclass(frozen=True)
@@ -115,7 +119,10 @@ class WindowCache(CachePolicy):
     def _step(state, region, need, window, candidates, refresh=False) -> StepPlan:
         """Compute ``need`` [B, T] against the keys ``window | need``, as a gather or a key mask over the canvas."""
         keys = (window | need) & state.valid  # [B, T]
-        if int(keys.sum(1).max()) > GATHER_AT_MOST * keys.shape[1]:  # mostly visible: mask the canvas, no gather
+        run = shared_run(keys) if SLICE_RUNS else None
+        if run is not None:  # one run of slots for every row (batch of one, block decoding): a view of the store
+            key_index, key_mask = run, None
+        elif int(keys.sum(1).max()) > GATHER_AT_MOST * keys.shape[1]:  # mostly visible: mask the canvas, no gather
             key_index, key_mask = None, keys
         else:
             key_index, key_mask = keys_from_mask(keys)

@@ -257,7 +257,7 @@ def _forward(model: Any, state: DecodeState, plan: StepPlan, region: tuple[int, 
         un[:, : state.prompt_len][state.valid[:, : state.prompt_len]] = state.mask_id
         canvas, pos = torch.cat([canvas, un]), torch.cat([pos, pos])
         km = None if km is None else torch.cat([km, km])
-        ki = None if ki is None else torch.cat([ki, ki])
+        ki = ki if ki is None or isinstance(ki, slice) else torch.cat([ki, ki])
         compute = compute if isinstance(compute, slice) else torch.cat([compute, compute])
     if store is not None:
         store.frozen = not plan.write

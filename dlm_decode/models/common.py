@@ -71,7 +71,7 @@ def self_attention(
     store: KVStore | None,
     slots: Index | None,
     key_mask: torch.Tensor | None,  # [B, S] bool, True = visible key ([B, W] with key_index)
-    key_index: torch.Tensor | None,  # [B, W] slots of the keys to gather from the store
+    key_index: torch.Tensor | slice | None,  # [B, W] slots of the keys to gather, or one run shared by all rows
 ) -> torch.Tensor:  # [B, Q, d]
     """Bidirectional attention with GQA and RoPE; K/V of the computed slots go through ``store`` when given."""
     n_heads, n_kv, hd = shape
@@ -85,6 +85,8 @@ def self_attention(
     if store is not None:
         store.write(layer, slots, k, v)
         k, v = store.keys(layer), store.values(layer)  # [B, Hk, S, hd]
+    if isinstance(key_index, slice):  # one contiguous run of slots for every row: a view, no gather, no mask
+        k, v, key_index = k[:, :, key_index], v[:, :, key_index], None
     out = masked_attention(q, k, v, key_mask=key_mask, key_index=key_index)  # [B, H, Q, hd]
     return proj[3](out.transpose(1, 2).reshape(b, q_len, n_heads * hd))
 
@@ -147,7 +149,7 @@ class DiffusionLMMixin:
         region: tuple[int, int],
         store: KVStore | None = None,
         key_mask: torch.Tensor | None = None,  # [B, T] (or [B, W] with key_index)
-        key_index: torch.Tensor | None = None,
+        key_index: torch.Tensor | slice | None = None,  # [B, W] slots to attend to, or a run shared by all rows
     ) -> torch.Tensor:  # [B, R, V] logits; logits[:, j] predicts slot region[0] + j
         """Compute hidden states at ``compute`` slots and return aligned logits for slots ``[r0, r1)``.
 
