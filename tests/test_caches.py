@@ -366,3 +366,15 @@ def test_classifier_free_guidance_doubles_the_store_rows(llada, cache):
     assert not (out.sequences == llada.mask_token_id).any()
     n_layers, n_kv, hd = llada.kv_shape()
     assert out.cache_bytes == 2 * n_layers * 2 * len(PROMPTS) * n_kv * out.sequences.shape[1] * hd * 4
+
+
+def test_window_view_of_keys_under_classifier_free_guidance(llada, monkeypatch):
+    """CFG doubles the rows (conditional + unconditional); the shared run of keys is read the same for both halves."""
+    import dlm_decode.cache.window as window
+
+    kw = dict(prompts=PROMPTS[:1], gen_length=32, block_length=16, steps=32, cfg_scale=1.0)
+    kw["cache_options"] = {"refresh_cycle": 8, "window_tokens": 4, "active_tokens": 2}
+    viewed = _run(llada, "low_confidence", "window", **kw)
+    monkeypatch.setattr(window, "SLICE_RUNS", False)
+    masked = _run(llada, "low_confidence", "window", **kw)
+    assert torch.equal(viewed.sequences, masked.sequences) and viewed.nfe == masked.nfe
