@@ -27,6 +27,7 @@ the same sampler in this run), and ratios to that no-cache run (speed-up, NFE, t
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -198,7 +199,7 @@ def parse_cache(spec: str) -> tuple[str, dict[str, str]]:
 
 
 def run_one(model, tok, rows, chat, sampler, cache, gen, block, device) -> Any:
-    name, opts = parse_cache(cache)
+    name, opts = cache  # parse_cache's result
     kw = dict(sampler=sampler, cache=name, cache_options=opts, gen_length=gen, block_length=min(block, gen))
     kw.update(tokenizer=tok, chat=chat)
     if sampler == "low_confidence":
@@ -218,10 +219,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     model, tok, model_name = load(args)
     print(f"model: {model_name}; device {args.device}; torch threads {torch.get_num_threads()}")
     caches = [c for c in args.caches.split(",") if c]
-    for c in caches:
-        parse_cache(c)  # unknown names and bad options fail before any work
     if "none" not in caches:
         caches.insert(0, "none")
+    specs = {c: parse_cache(c) for c in caches}  # unknown names and bad options fail before any work
     results: list[dict[str, Any]] = []
     cw = max(12, *(len(c) for c in caches))
     header = (
@@ -235,13 +235,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             for sampler in args.samplers.split(","):
                 base: dict[str, Any] | None = None
                 for cache in caches:
-                    run_one(model, tok, rows, chat, sampler, cache, gen, args.block_length, args.device)  # warm-up
-                    outs = [
-                        run_one(model, tok, rows, chat, sampler, cache, gen, args.block_length, args.device)
-                        for _ in range(args.repeats)
-                    ]
+                    once = functools.partial(
+                        run_one, model, tok, rows, chat, sampler, specs[cache], gen, args.block_length, args.device
+                    )
+                    once()  # warm-up
+                    outs = [once() for _ in range(args.repeats)]
                     with PeakMemory(args.device) as mem:
-                        run_one(model, tok, rows, chat, sampler, cache, gen, args.block_length, args.device)
+                        once()
                     out = outs[0]
                     secs = statistics.median(o.seconds for o in outs)
                     n_gen = batch * gen

@@ -44,6 +44,16 @@ def _run(model, sampler, cache, prompts=PROMPTS, cache_options=None, **kw):
     return dlm_decode.generate(model, prompts, sampler=sampler, cache=cache, cache_options=cache_options, **kw)
 
 
+def _computed(plan, state) -> torch.Tensor:
+    """[B, T] bool: the slots a plan recomputes."""
+    computed = torch.zeros(state.batch, state.total_length, dtype=torch.bool, device=state.device)
+    if isinstance(plan.compute, slice):
+        computed[:, plan.compute] = True
+    else:
+        computed.scatter_(1, plan.compute, True)
+    return computed
+
+
 class _Calls(list):
     store_ptrs: tuple | None = None  # (k ptr, v ptr, shape) of the call's K/V store, fixed after the first step
 
@@ -56,16 +66,11 @@ def checked_forward(monkeypatch):
 
     def forward(model, state, plan, region, store):
         r0, r1 = region
-        t = state.total_length
         need = state.block_masked()[:, r0:r1]  # [B, R]
         if plan.candidates is not None:
             need = need & plan.candidates[:, r0:r1]
         src = (torch.arange(r0, r1) - state.logit_shift).clamp(min=0)  # [R]
-        computed = torch.zeros(state.batch, t, dtype=torch.bool)
-        if isinstance(plan.compute, slice):
-            computed[:, plan.compute] = True
-        else:
-            computed.scatter_(1, plan.compute, True)
+        computed = _computed(plan, state)
         assert (computed[:, src] | ~need).all(), f"step {state.step}: a masked slot's hidden state is not computed"
         calls.append(plan)
         if store is not None:  # the one store of the call: same buffers every step, nothing reallocated
@@ -263,11 +268,7 @@ def test_window_pruned_phase_start_keeps_the_far_field_out(tiny_model, monkeypat
 
     def forward(model, state, plan, region, store):
         masked = state.is_masked()  # [B, T], before this step's commits
-        computed = torch.zeros_like(masked)
-        if isinstance(plan.compute, slice):
-            computed[:, plan.compute] = True
-        else:
-            computed.scatter_(1, plan.compute, True)
+        computed = _computed(plan, state)
         far = masked & (masked.long().cumsum(1) > opts["window_tokens"])
         last = state.block_step + 1 >= state.block_limit
         if not last:

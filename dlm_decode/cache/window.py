@@ -100,7 +100,7 @@ class WindowCache(CachePolicy):
         in_region = region_mask(state, region)
         last = state.block_step + 1 >= state.block_limit  # last allowed step: every region mask, nothing restricted
         if start:  # pruned phase start: the window computes itself; the far field stays out of the model
-            window = state.valid & (~masked | (mask_ranks(masked) <= self.window_tokens))  # [B, T]
+            window = self._window(state, masked)  # [B, T]
             mem["window"].copy_(window)
             targets = masked & in_region if last else masked & in_region & window
             candidates = None if last else window & masked
@@ -115,9 +115,13 @@ class WindowCache(CachePolicy):
         need = (need | mem["phase_decoded"] | mem["once"]) & live
         return self._step(state, region, need, mem["window"], candidates)
 
+    def _window(self, state: DecodeState, masked: torch.Tensor) -> torch.Tensor:  # [B, T]
+        """Every decoded slot (prompt included) plus each row's first ``window_tokens`` masks."""
+        return state.valid & (~masked | (mask_ranks(masked) <= self.window_tokens))
+
     @staticmethod
     def _step(state, region, need, window, candidates, refresh=False) -> StepPlan:
-        """Compute ``need`` [B, T] against the keys ``window | need``, as a gather or a key mask over the canvas."""
+        """Compute ``need`` [B, T] against the keys ``window | need``: a view of one shared run, a gather or a mask."""
         keys = (window | need) & state.valid  # [B, T]
         run = shared_run(keys) if SLICE_RUNS else None
         if run is not None:  # one run of slots for every row (batch of one, block decoding): a view of the store
@@ -140,7 +144,7 @@ class WindowCache(CachePolicy):
         decoded = mem["masked"] & ~masked  # committed or filled during this step
         if mem["phase_start"]:
             if not self.prune_refresh:  # the full forward stored every slot: the window is taken after its commits
-                mem["window"].copy_(state.valid & (~masked | (mask_ranks(masked) <= self.window_tokens)))
+                mem["window"].copy_(self._window(state, masked))
             mem["once"].copy_(decoded)
             mem["phase_decoded"].zero_()
         else:

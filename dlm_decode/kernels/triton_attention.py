@@ -185,6 +185,11 @@ def _validate(q, k, v, key_mask, key_index) -> int:
     return n_keys
 
 
+def _block_d(head_dim: int) -> int:
+    """Head dim padded to a power of two >= 16 (tl.dot's minimum); loads past ``head_dim`` are masked."""
+    return max(16, triton.next_power_of_2(head_dim))
+
+
 @dataclass(frozen=True)
 class KernelConfig:
     """Launch parameters; ``block_m`` rows (GQA heads x queries) and ``block_n`` keys per tile, both >= 16."""
@@ -200,7 +205,7 @@ def default_config(rows: int, head_dim: int, dtype: torch.dtype, gathered: bool 
 
     fp32 runs IEEE FMA dots (the exact path, not the fast one): smaller tiles keep its shared memory under 64 KiB.
     """
-    block_d = max(16, triton.next_power_of_2(head_dim))
+    block_d = _block_d(head_dim)
     wide = dtype == torch.float32
     cap = (64 if block_d <= 64 else 32) if wide else (128 if block_d <= 64 else 64)
     block_m = min(cap, max(16, triton.next_power_of_2(rows)))
@@ -235,7 +240,7 @@ def masked_attention_triton(
     cfg = config or default_config(group * n_q, d, q.dtype, gathered=key_index is not None)
     if cfg.block_m < 16 or cfg.block_n < 16:
         raise ValueError(f"block_m and block_n must be >= 16 (tl.dot), got {cfg}")
-    block_d = max(16, triton.next_power_of_2(d))
+    block_d = _block_d(d)
     # Unused pointer arguments get q (never read: the HAS_* flags compile those loads away).
     index = key_index if key_index is not None else q
     mask = key_mask.view(torch.uint8) if key_mask is not None else q  # bool -> uint8 without a copy
