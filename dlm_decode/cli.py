@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import json
 import sys
 from typing import Any
@@ -20,6 +21,23 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "parallelbench": ("dlm_decode.parallelbench.cli", "score a model on ParallelBench; sweeps, PBx, oracle, plots"),
     "demo": ("dlm_decode.demo", "decode ParallelBench-style tasks with every sampler and cache (the demo model)"),
 }
+# subcommand -> (optional extra, the modules it installs): a subcommand whose extra is missing is not imported (so it
+# cannot break the others, nor the base install's ``make demo``) and answers with one line naming the install
+EXTRAS: dict[str, tuple[str, tuple[str, ...]]] = {"eval": ("eval", ("lm_eval",))}
+
+
+class MissingExtraError(RuntimeError):
+    """A subcommand needs an optional extra that is not installed."""
+
+
+def missing_extra(command: str) -> str | None:
+    """The ``pip install`` line ``command`` needs, or None when its extra (if any) is installed."""
+    if command not in EXTRAS:
+        return None
+    extra, modules = EXTRAS[command]
+    if all(importlib.util.find_spec(m) is not None for m in modules):
+        return None
+    return f'pip install -e ".[{extra}]"  (or: pip install "dlm-decode[{extra}]")'
 
 
 def add_decoding_args(p: argparse.ArgumentParser, *, gen_length: int | None = 128) -> None:
@@ -145,18 +163,31 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dlm-decode", description="Fast decoding for masked-diffusion LMs.")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, (module, help_text) in COMMANDS.items():
-        mod = importlib.import_module(module)
+        install = missing_extra(name)
         p = sub.add_parser(name, help=help_text, description=help_text)
+        if install is not None:  # accept anything, then say what to install
+            p.prefix_chars = "\0"
+            p.add_argument("args", nargs=argparse.REMAINDER)
+            p.set_defaults(_run=_needs_extra(name, install))
+            continue
+        mod = importlib.import_module(module)
         mod.add_arguments(p)
         p.set_defaults(_run=mod.run)
     return parser
+
+
+def _needs_extra(command: str, install: str):
+    def run(args: argparse.Namespace) -> int:
+        raise MissingExtraError(f"`dlm-decode {command}` needs an optional extra that is not installed: {install}")
+
+    return run
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args._run(args) or 0)
-    except (ValueError, FileNotFoundError) as e:
+    except (ValueError, FileNotFoundError, MissingExtraError) as e:
         print(f"dlm-decode {args.command}: error: {e}", file=sys.stderr)
         return 2
 

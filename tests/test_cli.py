@@ -130,3 +130,28 @@ def test_preset_sets_sampler_options_and_lengths_unless_given(llada_dir, capsys)
     out = json.loads(capsys.readouterr().out)
     assert out["sampler"] == {"name": "threshold", "threshold": 0.5}
     assert len(out["rows"][0]["generated_ids"]) == 16
+
+
+def _run_without_lm_eval(argv: list[str]):
+    """Run the CLI in a fresh interpreter where ``lm_eval`` cannot be imported (the base install)."""
+    import subprocess
+    import sys
+
+    code = "import sys; sys.modules['lm_eval'] = None\nfrom dlm_decode.cli import main\nsys.exit(main(sys.argv[1:]))"
+    return subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=120)
+
+
+def test_base_install_cli_works_without_the_eval_extra():
+    # the README's main job (`dlm-decode demo`) must parse and run its sub-commands on a base-only install
+    for argv in (["demo", "--help"], ["parallelbench", "--help"], ["generate", "--help"]):
+        r = _run_without_lm_eval(argv)
+        assert r.returncode == 0, (argv, r.stderr[-2000:])
+        assert "usage:" in r.stdout
+
+
+def test_eval_without_the_extra_says_what_to_install():
+    r = _run_without_lm_eval(["eval", "--tasks", "dlm_tiny_mc", "--limit", "2"])
+    assert r.returncode == 2, r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+    assert 'pip install -e ".[eval]"' in lines[0] and "dlm-decode eval" in lines[0]
