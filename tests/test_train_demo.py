@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import random
 import sys
 from pathlib import Path
 
@@ -62,9 +61,9 @@ def tok():
 
 @pytest.fixture(scope="module")
 def rows(tok):
-    tr = _load("train")
+    st = _load("stream")
     samples = generate_task("waiting_line/copy", COPY_CONFIG, NAMES, n=8, seed=2)
-    return [tr.encode_row(tok, build_messages(COPY_CONFIG, s), s["answer"], 24) for s in samples]
+    return [st.encode_row(tok, build_messages(COPY_CONFIG, s), s["answer"], 24) for s in samples]
 
 
 def _tiny(tok, arch: str):
@@ -119,7 +118,7 @@ def test_encode_row_pads_response_to_gen_length(tok, rows):
         assert all(t == tok.eos_token_id for t in resp[end + 1 :])
         assert prompt[-1] != tok.eos_token_id  # the prompt ends with the assistant header
     with pytest.raises(ValueError, match="does not fit"):
-        _load("train").encode_row(tok, [{"role": "user", "content": "x"}], "Anna " * 40, 8)
+        _load("stream").encode_row(tok, [{"role": "user", "content": "x"}], "Anna " * 40, 8)
 
 
 # ------------------------------------------------------------------------------------------ objective
@@ -180,29 +179,157 @@ def test_a_few_steps_reduce_the_loss(tok, rows):
 # ------------------------------------------------------------------------------------------ checkpoints
 
 
-def _tiny_run_dirs(tmp_path, tok):
-    from datasets import Dataset, DatasetDict
+WAITING_PROMPTS = {
+    "copy": "Copy:\n{context}\n",
+    "reverse": "Reverse:\n{context}\n",
+    "sort": "Sort:\n{context}\n",
+    "shuffle": "Shuffle:\n{context}\n",
+    "insert_index": 'Insert "{word}" at {index}:\n{context}\n',
+    "insert_random": 'Insert "{word}" anywhere:\n{context}\n',
+    "remove_index": "Remove {index}:\n{context}\n",
+    "remove_random": "Remove one:\n{context}\n",
+    "replace_index": 'Replace {index} with "{word}":\n{context}\n',
+    "replace_random": 'Replace one with "{word}":\n{context}\n',
+}
 
-    data = _load("data")
-    samples = generate_task("waiting_line/copy", COPY_CONFIG, NAMES, n=12, seed=5)
-    rws = data.make_rows("waiting_line/copy", samples, COPY_CONFIG, random.Random(0))
-    DatasetDict({"train": Dataset.from_list(rws), "eval": Dataset.from_list(rws[:2])}).save_to_disk(tmp_path / "data")
-    tok.save_pretrained(tmp_path / "tok")
-    return str(tmp_path / "data"), str(tmp_path / "tok")
+
+@pytest.fixture(scope="module")
+def mini_pb(tmp_path_factory):
+    """A ParallelBench-shaped directory (our own configs, names and 'official' files) for the twelve demo tasks."""
+    import yaml
+
+    root = tmp_path_factory.mktemp("pb")
+    (root / "first_last_names.yaml").write_text(yaml.safe_dump(NAMES))
+    wl = {}
+    for op, prompt in WAITING_PROMPTS.items():
+        action, _, mode = op.partition("_")
+        wl[f"waiting_line/{op}"] = {
+            "name": f"waiting_line/{op}",
+            "type": action,
+            "prompt": prompt,
+            "icl_example_count": 1,
+            "min_length": 3,
+            "max_length": 4,
+            "seed": 11,
+            "num_samples": 4,
+            "samples_per_length": 2,
+            "metric": "list_match_score",
+            **({"random_index": mode == "random"} if mode else {}),
+        }
+    pz = {
+        "puzzle/latin_square_n4": {
+            "name": "puzzle/latin_square_n4",
+            "type": "latin_square",
+            "size": 4,
+            "prompt": "Latin square {size} over {symbols}.",
+            "icl_example_count": 1,
+            "seed": 12,
+            "num_samples": 4,
+            "samples_per_length": 4,
+            "metric": "latin_square_score",
+        },
+        "puzzle/sudoku_n4_12": {
+            "name": "puzzle/sudoku_4x4_4",
+            "prompt": "Solve:\n{sudoku}\n",
+            "icl_example_count": 1,
+            "metric": "sudoku_score",
+        },
+    }
+    for folder, configs in (("waiting_line", wl), ("puzzle", pz)):
+        (root / folder).mkdir()
+        (root / folder / "task_config.yaml").write_text(yaml.safe_dump(configs))
+        for name, config in configs.items():
+            samples = generate_task(name, config, NAMES, n=4, seed=3)
+            lines = "".join(json.dumps(x) + "\n" for x in samples)
+            (root / folder / (name.split("/")[1] + ".jsonl")).write_text(lines)
+    return root
 
 
-def test_resume_from_checkpoint_is_exact(tok, tmp_path):
+def test_short_prompts_carry_operands_and_targets_are_right(mini_pb, tok):
+    st = _load("stream")
+    stream = st.RowStream(mini_pb, tok, seed=0)
+    for task in st.TASKS:
+        s = stream.samples(task, 1, seed=5)[0]
+        prompt = st.short_prompt(task, s)
+        inp = s["input"]
+        op = task.split("/", 1)[1]
+        if task.startswith("waiting_line/"):
+            assert prompt.startswith(op.split("_")[0] + " ") and prompt.endswith(inp["context"]), (task, prompt)
+            assert ("word" in inp) == (f'"{inp.get("word")}"' in prompt)
+            if "index" in inp:
+                assert f" {inp['index']} " in prompt
+            assert "You are" not in prompt and "\n" not in prompt
+        elif op.startswith("sudoku"):
+            assert prompt == "sudoku\n" + inp["sudoku"]
+        else:
+            assert prompt == f"latin {inp['symbols']}"
+    short = st.eval_items({"waiting_line/reverse": stream.samples("waiting_line/reverse", 2, 9)}, mini_pb, short=True)
+    (chats, samples, gen_length) = short["short/waiting_line/reverse"]
+    assert gen_length == 32 and chats[0] == [{"role": "user", "content": "reverse " + samples[0]["input"]["context"]}]
+
+
+def test_stream_is_a_function_of_seed_and_step_and_mixes_as_asked(mini_pb, tok):
+    st = _load("stream")
+    a, b = st.RowStream(mini_pb, tok, seed=0), st.RowStream(mini_pb, tok, seed=0)
+    mix = st.Mix(batch=24, short_share=0.25)
+    assert a.rows(7, mix) == b.rows(7, mix)
+    assert a.rows(7, mix) != a.rows(8, mix) and a.rows(7, mix) != st.RowStream(mini_pb, tok, seed=1).rows(7, mix)
+    rows = a.rows(3, mix)
+    kinds = [label.split("/", 1)[0] for _, _, label in rows]
+    assert len(rows) == 24 and kinds.count("short") == 6 and kinds.count("full") == 18
+    only = a.rows(3, st.Mix(batch=16, short_share=1.0, tasks=("waiting_line/sort",)))
+    assert {label for _, _, label in only} == {"short/waiting_line/sort"}
+    eot = tok.convert_tokens_to_ids("<|eot_id|>")
+    for prompt, resp, label in rows:
+        assert len(resp) == (64 if "puzzle" in label else 32) and eot in resp
+        text = tok.decode(prompt)
+        assert ("You are" not in text) if label.startswith("short/") else True
+
+
+def test_stream_never_yields_an_excluded_sample(mini_pb, tok):
+    from dlm_decode.parallelbench.generator import sample_key
+
+    st = _load("stream")
+    plain = st.RowStream(mini_pb, tok, seed=0)
+    for task in ("waiting_line/copy", "waiting_line/insert_random", "puzzle/sudoku_n4_12"):
+        first = plain.samples(task, 6, seed=21)
+        banned = {task: {sample_key(s) for s in first[:3]}}
+        guarded = st.RowStream(mini_pb, tok, seed=0, exclude=banned)
+        again = guarded.samples(task, 6, seed=21)
+        assert len(again) == 6 and not {sample_key(s) for s in again} & banned[task]
+        assert [sample_key(s) for s in again[:3]] != [sample_key(s) for s in first[:3]]
+
+
+def test_stages_weights_and_schedule():
+    tr = _load("train")
+    stages = tr.parse_stages("short:5,short[sort+puzzle/sudoku_n4_12]:3,full:10")
+    assert [(s.kind, s.steps) for s in stages] == [("short", 5), ("short", 3), ("full", 10)]
+    assert stages[1].tasks == ("waiting_line/sort", "puzzle/sudoku_n4_12") and stages[0].tasks is None
+    assert [tr.stage_at(stages, i)[0] for i in (0, 4, 5, 7, 8, 17, 30)] == [0, 0, 1, 1, 2, 2, 2]
+    for bad in ("mid:5", "short:0", "short[nope]:3", "short", ""):
+        with pytest.raises(SystemExit):
+            tr.parse_stages(bad)
+    assert tr.parse_weights("sort=2,sudoku_n4_12=3") == {"waiting_line/sort": 2.0, "puzzle/sudoku_n4_12": 3.0}
+    with pytest.raises(SystemExit):
+        tr.parse_weights("sortt=2")
+    f = tr.wsd_lambda(warmup=4, total=100, decay=10)
+    assert [f(0), f(3), f(50), f(89)] == [0.25, 1.0, 1.0, 1.0]
+    assert f(90) == pytest.approx(1.0) and f(95) == pytest.approx(0.55) and f(99) == pytest.approx(0.19)
+
+
+def test_resume_from_checkpoint_is_exact(tok, tmp_path, mini_pb):
     from safetensors.torch import load_file
 
     tr = _load("train")
-    data_dir, tok_dir = _tiny_run_dirs(tmp_path, tok)
-    common = ["--data", data_dir, "--tokenizer", tok_dir, "--d-model", "32", "--n-layers", "1", "--n-heads", "2"]
-    common += ["--mlp-hidden", "64", "--steps", "4", "--batch-size", "4", "--save-every", "2", "--eval-every", "0"]
-    common += ["--warmup", "1", "--threads", "1"]
+    tok.save_pretrained(tmp_path / "tok")
+    common = ["--parallelbench", str(mini_pb), "--tokenizer", str(tmp_path / "tok"), "--d-model", "32"]
+    common += ["--n-layers", "1", "--n-heads", "2", "--mlp-hidden", "64", "--stages", "short:2,full:2"]
+    common += ["--short-batch", "6", "--full-batch", "4", "--save-every", "2", "--eval-every", "4"]
+    common += ["--eval-samples", "1", "--warmup", "1", "--threads", "1", "--export-every", "0"]
     tr.main([*common, "--out", str(tmp_path / "a")])
-    tr.main([*common, "--out", str(tmp_path / "b"), "--stop-after", "2"])
+    tr.main([*common, "--out", str(tmp_path / "b"), "--stop-after", "3"])
     ckpts = tmp_path / "b" / "checkpoints"
-    assert (ckpts / "latest").read_text() == "step-0000002"
+    assert (ckpts / "latest").read_text() == "step-0000002"  # step 3 was run but not saved: it runs again
     assert not list(ckpts.glob(".tmp*"))  # written to a temporary directory, then renamed into place
     assert json.loads((ckpts / "step-0000002" / "trainer_state.json").read_text())["step"] == 2
     assert not (tmp_path / "b" / "export").exists()
@@ -213,6 +340,11 @@ def test_resume_from_checkpoint_is_exact(tok, tmp_path):
     for k in a:
         assert torch.equal(a[k], b[k]), k
     assert sorted(p.name for p in ckpts.glob("step-*")) == ["step-0000002", "step-0000004"]
+    log_a = [json.loads(x) for x in (tmp_path / "a" / "log.jsonl").read_text().splitlines()]
+    log_b = [json.loads(x) for x in (tmp_path / "b" / "log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log_b] == [1, 2, 3, 4]  # the re-run step 3 replaced, not repeated
+    assert [r["loss"] for r in log_a] == [r["loss"] for r in log_b] and [r["stage"] for r in log_a] == [0, 0, 1, 1]
+    assert set(log_a[-1]["eval"]) == {t for t in _load("stream").TASKS} | {f"short/{t}" for t in _load("stream").TASKS}
     cfg = json.loads((tmp_path / "a" / "export" / "config.json").read_text())
     assert cfg["model_type"] == "llada" and cfg["mask_token_id"] == tok.mask_token_id == 2
     assert cfg["eos_token_id"] == cfg["pad_token_id"] == tok.eos_token_id == 1

@@ -190,6 +190,12 @@ class _PoolView(Sequence):
         return self.people[index]
 
 
+@cache
+def _pool(first: tuple[str, ...], last: tuple[str, ...]) -> _Pool:
+    """The pool of a names list, built once (it is read-only; training streams call generate_task every step)."""
+    return _Pool(full_names([list(first), list(last)]))
+
+
 def _mask_template(length: int) -> str:
     return list_to_str([MASK] * length)
 
@@ -590,7 +596,8 @@ def generate_task(
             raise ValueError(f"unknown waiting-line task {name!r}; known: {', '.join(WAITING_LINE_OPS)}")
         if names is None:
             raise ValueError("waiting-line tasks need names=[first_names, last_names]")
-        pool = _Pool(full_names(names))
+        _check_names(names)
+        pool = _pool(tuple(names[0]), tuple(names[1]))
 
         def new_stream():
             return _waiting_line_stream(rng, op, config, pool)

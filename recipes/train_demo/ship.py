@@ -53,13 +53,17 @@ def card(name: str, training: dict, scores: dict | None, command: str, note: str
         "LLaDA chat template",
         "",
         "## Training",
-        "- data: `recipes/train_demo/data.py`: freshly generated samples of the 10 waiting-line tasks, "
-        "`puzzle/latin_square_n4` and `puzzle/sudoku_n4_12` (own seeds; every sample equal to an official test sample "
-        "dropped); random-output tasks get a freshly drawn valid answer per row",
+        "- data: `recipes/train_demo/stream.py`, generated afresh for every step from the official task configs "
+        "with our own seeds (every official test sample and every held-out eval sample excluded): short retrieval "
+        "rows (operation word + operands + the bare list or grid) and the official prompts of the 10 waiting-line "
+        "tasks, `puzzle/latin_square_n4` and `puzzle/sudoku_n4_12`; random-output tasks get a freshly drawn valid "
+        "answer per row",
         "- objective: LLaDA SFT (prompt never masked; response = answer + `<|eot_id|>` + `<|endoftext|>` padding "
         "to 32 / 64 tokens, masked at ratio t ~ U(0.001, 1), CE / t / response length)",
-        f"- {training['step']} steps of batch {a['batch_size']} ({training['step'] * a['batch_size']} examples), "
-        f"AdamW lr {a['lr']:g} (warmup {a['warmup']}, cosine), weight decay {a['weight_decay']:g}, seed {a['seed']}",
+        f"- curriculum `{a['stages']}` ({training['step']} steps run): short stages at batch {a['short_batch']}, "
+        f"full stages at batch {a['full_batch']} with {a['short_share']:g} of each batch short rows; task weights "
+        f"`{a['task_weights']}`; AdamW lr {a['lr']:g} (warm-up {a['warmup']}, constant, linear decay at the end), "
+        f"weight decay {a['weight_decay']:g}, seed {a['seed']}",
         f"- wall time: {minutes:.0f} min of training on a shared 2-core CPU (1 thread, evaluation excluded)",
         f"- command: `{command}`",
         "",

@@ -111,17 +111,30 @@ def chat_texts(rows: Iterable[dict]) -> Iterable[str]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data", required=True, help="dataset directory written by data.py")
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument(
+        "--parallelbench",
+        help="official ParallelBench directory (configs and names only): learn the "
+        "merges on freshly generated prompts, short rows and answers (stream.corpus)",
+    )
+    src.add_argument("--data", help="dataset directory written by data.py")
     ap.add_argument("--out", required=True)
     ap.add_argument("--vocab-size", type=int, default=1024)
     ap.add_argument("--max-rows", type=int, default=30000, help="rows of the train split to learn merges from")
+    ap.add_argument("--per-task", type=int, default=1500, help="generated samples per task (--parallelbench)")
     args = ap.parse_args()
 
-    from datasets import load_from_disk
+    if args.parallelbench:
+        from stream import corpus
 
-    train = load_from_disk(args.data)["train"]
-    rows = train.shuffle(seed=0).select(range(min(args.max_rows, len(train))))  # rows are grouped by task
-    tok = train_tokenizer(chat_texts(rows), vocab_size=args.vocab_size)
+        texts: Iterable[str] = corpus(args.parallelbench, args.per_task, seed=5_000_011)
+    else:
+        from datasets import load_from_disk
+
+        train = load_from_disk(args.data)["train"]
+        rows = train.shuffle(seed=0).select(range(min(args.max_rows, len(train))))  # rows are grouped by task
+        texts = chat_texts(rows)
+    tok = train_tokenizer(texts, vocab_size=args.vocab_size)
     Path(args.out).mkdir(parents=True, exist_ok=True)
     save_tokenizer(tok, args.out)
     print(f"vocab {len(tok)} -> {args.out}")

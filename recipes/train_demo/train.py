@@ -96,55 +96,6 @@ def make_model(arch: str, size: ModelSize, tok: Any) -> torch.nn.Module:
 # ------------------------------------------------------------------------------------------------ data
 
 
-def encode_row(tok: Any, messages: list[dict], target: str, gen_length: int) -> tuple[list[int], list[int]]:
-    """(prompt ids as dlm_decode.generate builds them, response ids of exactly ``gen_length``)."""
-    text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    prompt = list(tok(text, add_special_tokens=False)["input_ids"])
-    answer = list(tok(target, add_special_tokens=False)["input_ids"])
-    eot = tok.convert_tokens_to_ids("<|eot_id|>")
-    resp = answer + [eot]
-    if len(resp) > gen_length:
-        raise ValueError(f"answer of {len(answer)} tokens does not fit in gen_length {gen_length}: {target!r}")
-    return prompt, resp + [tok.eos_token_id] * (gen_length - len(resp))
-
-
-def encode_dataset(split: Any, tok: Any) -> list[tuple[list[int], list[int]]]:
-    return [
-        encode_row(tok, json.loads(r["messages"]), r["target"], int(r["max_new_tokens"]))
-        for r in split.select_columns(["messages", "target", "max_new_tokens"])
-    ]
-
-
-def cached_encoding(
-    data_dir: Path, split: Any, tok: Any, tok_dir: str, limit: int | None, seed: int, tasks: str | None = None
-) -> list:
-    """encode_dataset, cached next to the dataset (keyed by the tokenizer file and the row selection)."""
-    import hashlib
-
-    key = hashlib.sha256(Path(tok_dir, "tokenizer.json").read_bytes()).hexdigest()[:12]
-    sel = "" if not tasks else "-" + hashlib.sha256(tasks.encode()).hexdigest()[:8]
-    path = data_dir / f"encoded-{key}-{limit}-{seed if limit else 0}{sel}.json"
-    if path.is_file():
-        return [tuple(r) for r in json.loads(path.read_text())]
-    rows = encode_dataset(split, tok)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(rows))
-    os.replace(tmp, path)
-    return rows
-
-
-def make_batches(lengths: list[int], batch_size: int, seed: int, jitter: float = 24.0) -> list[list[int]]:
-    """Length-bucketed batches in a seeded random order: rows sorted by length plus a random jitter of +-``jitter``
-    tokens, cut into batches, batches shuffled. A function of (lengths, batch_size, seed) only. The jitter is wide
-    because every row of a puzzle task has the same length: narrow buckets make single-task batches, whose
-    alternating gradients slowed learning in the pilot (loss plateau)."""
-    rng = random.Random(seed)
-    keyed = sorted(range(len(lengths)), key=lambda i: (lengths[i] + rng.uniform(-jitter, jitter), i))
-    batches = [keyed[i : i + batch_size] for i in range(0, len(keyed), batch_size)]
-    rng.shuffle(batches)
-    return batches
-
-
 def collate(rows: list[tuple[list[int], list[int]]], pad_id: int) -> dict[str, torch.Tensor]:
     """Left-pad prompt + response rows -> ids, valid, response mask [B, T], response length [B]."""
     t = max(len(p) + len(r) for p, r in rows)
@@ -266,65 +217,173 @@ def export_model(model: Any, tok: Any, out: Path, card: dict | None = None) -> N
 # ------------------------------------------------------------------------------------------------ main
 
 
+@dataclass(frozen=True)
+class Stage:
+    """One stage of the curriculum: ``kind`` short (short rows only) or full (official prompts plus a share of short
+    rows), for ``steps`` steps, over ``tasks`` (None: all twelve)."""
+
+    kind: str
+    steps: int
+    tasks: tuple[str, ...] | None = None
+
+
+def parse_stages(spec: str) -> list[Stage]:
+    """``"short:600,full:5000"``; a stage may name its tasks: ``short[sort+shuffle]:300`` (op names or full names)."""
+    from stream import TASKS
+
+    stages = []
+    for part in _split_top(spec):
+        head, sep, steps = part.rpartition(":")
+        kind, _, rest = head.partition("[")
+        if not sep or kind not in ("short", "full") or not steps.isdigit() or int(steps) <= 0:
+            raise SystemExit(f"--stages: bad stage {part!r}; expected short:N or full:N, optionally short[a+b]:N")
+        tasks = None
+        if rest:
+            names = [t.strip() for t in rest.rstrip("]").split("+") if t.strip()]
+            full = {t.split("/", 1)[1]: t for t in TASKS} | {t: t for t in TASKS}
+            unknown = [t for t in names if t not in full]
+            if unknown:
+                raise SystemExit(f"--stages: unknown task(s) {unknown}; known: {', '.join(full)}")
+            tasks = tuple(full[t] for t in names)
+        stages.append(Stage(kind, int(steps), tasks))
+    if not stages:
+        raise SystemExit("--stages: no stage given")
+    return stages
+
+
+def _split_top(spec: str) -> list[str]:
+    parts, depth, cur = [], 0, ""
+    for ch in spec:
+        depth += ch == "["
+        depth -= ch == "]"
+        if ch == "," and depth == 0:
+            parts.append(cur.strip())
+            cur = ""
+        else:
+            cur += ch
+    return [p for p in parts + [cur.strip()] if p]
+
+
+def parse_weights(spec: str | None) -> dict[str, float]:
+    """``"sort=2,shuffle=1.5"`` -> task name -> sampling weight (default 1)."""
+    from stream import TASKS
+
+    out: dict[str, float] = {}
+    for item in (spec or "").split(","):
+        if not item.strip():
+            continue
+        name, _, value = item.partition("=")
+        match = [t for t in TASKS if t == name.strip() or t.endswith("/" + name.strip())]
+        if len(match) != 1:
+            raise SystemExit(f"--task-weights: unknown task {name!r}; known: {', '.join(TASKS)}")
+        out[match[0]] = float(value)
+    return out
+
+
+def stage_at(stages: list[Stage], step: int) -> tuple[int, Stage]:
+    """(index, stage) that step ``step`` (0-based) belongs to; past the end, the last stage."""
+    end = 0
+    for i, st in enumerate(stages):
+        end += st.steps
+        if step < end:
+            return i, st
+    return len(stages) - 1, stages[-1]
+
+
+def wsd_lambda(warmup: int, total: int, decay: int, floor: float = 0.1):
+    """Warm-up, then a constant rate, then a linear decay to ``floor`` over the last ``decay`` steps. Extending a run
+    (more steps on --resume) only moves the decay, so a curriculum can grow without restarting its schedule."""
+
+    def f(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        if step < total - decay:
+            return 1.0
+        return max(floor, floor + (1 - floor) * (total - step) / max(decay, 1))
+
+    return f
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data", required=True, help="dataset directory from data.py")
+    ap.add_argument(
+        "--parallelbench",
+        default="/work/shared/data/parallelbench",
+        help="official ParallelBench directory: task configs and names to generate from; its test samples "
+        "are excluded from training, never trained on",
+    )
     ap.add_argument("--tokenizer", required=True, help="tokenizer directory from tokenizer.py")
     ap.add_argument("--out", required=True, help="run directory (checkpoints/, export/, log.jsonl)")
     ap.add_argument("--arch", choices=("llada", "dream"), default="llada")
-    ap.add_argument("--d-model", type=int, default=256)
+    ap.add_argument("--d-model", type=int, default=128)
     ap.add_argument("--n-layers", type=int, default=6)
-    ap.add_argument("--n-heads", type=int, default=8)
+    ap.add_argument("--n-heads", type=int, default=4)
     ap.add_argument("--n-kv-heads", type=int, default=None, help="default: n_heads (LLaDA), n_heads/2 (Dream)")
-    ap.add_argument("--mlp-hidden", type=int, default=768)
-    ap.add_argument("--steps", type=int, default=2000)
-    ap.add_argument("--batch-size", type=int, default=32)
-    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--mlp-hidden", type=int, default=512)
+    ap.add_argument(
+        "--stages",
+        default="short:600,full:6000",
+        help="the curriculum: comma-separated KIND[TASKS]:STEPS, KIND short (short rows only) or full "
+        "(official prompts + --short-share short rows); e.g. short:600,short[sort+shuffle]:300,full:6000",
+    )
+    ap.add_argument("--short-batch", type=int, default=128, help="batch size of short stages")
+    ap.add_argument("--full-batch", type=int, default=64, help="batch size of full stages")
+    ap.add_argument("--short-share", type=float, default=0.25, help="share of short rows in a full stage's batch")
+    ap.add_argument(
+        "--task-weights",
+        default="sort=2,shuffle=1.5,insert_random=1.5,remove_random=1.5,replace_random=1.5,sudoku_n4_12=2",
+        help="sampling weight per task (default 1)",
+    )
+    ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--warmup", type=int, default=100)
+    ap.add_argument("--decay-steps", type=int, default=None, help="linear decay at the end (default: 15%% of steps)")
     ap.add_argument("--weight-decay", type=float, default=0.1)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--eval-every", type=int, default=250, help="steps between evaluations and at the end (0: never)")
-    ap.add_argument("--eval-samples", type=int, default=16, help="held-out samples per task per evaluation")
+    ap.add_argument("--eval-every", type=int, default=500, help="steps between evaluations and at the end (0: never)")
+    ap.add_argument("--eval-samples", type=int, default=12, help="held-out samples per task per evaluation")
     ap.add_argument("--save-every", type=int, default=50)
-    ap.add_argument("--export-every", type=int, default=0, help="also export the model every N steps")
+    ap.add_argument("--export-every", type=int, default=500, help="also export the model every N steps")
     ap.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out")
     ap.add_argument("--stop-after", type=int, default=None, help="stop at this step (as if interrupted)")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--max-train-rows", type=int, default=None)
-    ap.add_argument(
-        "--tasks",
-        default=None,
-        help="comma-separated task names (e.g. waiting_line/copy,waiting_line/reverse) to train on; default: all. "
-        "A curriculum is a sequence of runs, each started with --init from the previous export",
-    )
     ap.add_argument(
         "--init",
         default=None,
         help="start from this exported model (config.json + model.safetensors) instead of fresh weights; the "
         "optimizer and schedule start fresh (the architecture flags are then taken from its config)",
     )
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    args.stage_list = parse_stages(args.stages)
+    args.weights = parse_weights(args.task_weights)
+    return args
 
 
-def evaluate_heldout(model: Any, tok: Any, eval_split: Any, per_task: int) -> dict[str, float]:
-    from scoring import score_tasks
+def _log_step(line: str) -> int:
+    try:
+        return int(json.loads(line)["step"])
+    except (ValueError, KeyError, TypeError):  # a line cut by an interrupted write
+        return 1 << 62
 
-    items: dict[str, tuple[list, list, int]] = {}
-    for r in eval_split:
-        chats, samples, gl = items.setdefault(r["task"], ([], [], int(r["max_new_tokens"])))
-        if len(chats) < per_task:
-            chats.append(json.loads(r["messages"]))
-            samples.append(json.loads(r["sample"]))
-    res = score_tasks(model, tok, items)
-    return {t: round(v["score"], 1) for t, v in res.items()}
+
+EVAL_SEED = 9_000_001  # held-out samples: fresh seeds, far from the official five-digit ones
+
+
+def evaluate_heldout(model: Any, tok: Any, items: dict[str, tuple[list, list, int]]) -> dict[str, float]:
+    """Score x 100 per held-out task (one token per step); keys ``short/<task>`` score the short-row prompts."""
+    from scoring import score_task
+
+    return {
+        name: round(score_task(model, tok, name.removeprefix("short/"), *item)["score"], 1)
+        for name, item in items.items()
+    }
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     from accelerate import Accelerator
-    from datasets import load_from_disk
+    from stream import TASKS, Mix, RowStream, eval_items, heldout, keys_of, official_keys
     from tqdm.auto import tqdm
-    from transformers import AutoTokenizer, get_cosine_schedule_with_warmup
+    from transformers import AutoTokenizer
 
     torch.set_num_threads(args.threads)
     accelerator = Accelerator()
@@ -334,32 +393,19 @@ def main(argv: list[str] | None = None) -> None:
     torch.manual_seed(args.seed)
 
     tok = AutoTokenizer.from_pretrained(args.tokenizer)
-    ds = load_from_disk(args.data)
-    train_split = ds["train"]
-    if args.tasks:
-        wanted = [t.strip() for t in args.tasks.split(",") if t.strip()]
-        known = set(train_split.unique("task"))
-        unknown = sorted(set(wanted) - known)
-        if unknown:
-            raise SystemExit(f"--tasks: unknown task(s) {unknown}; the dataset has {sorted(known)}")
-        keep = set(wanted)
-        train_split = train_split.filter(lambda t: t in keep, input_columns="task")
-    if args.max_train_rows:
-        train_split = train_split.shuffle(seed=args.seed).select(range(args.max_train_rows))
-    t0 = time.perf_counter()
-    rows = cached_encoding(
-        Path(args.data), train_split, tok, args.tokenizer, args.max_train_rows, args.seed, tasks=args.tasks
-    )
-    lengths = [len(p) + len(r) for p, r in rows]
-    accelerator.print(
-        f"{len(rows)} train rows encoded in {time.perf_counter() - t0:.0f}s; sequence length "
-        f"min {min(lengths)} mean {sum(lengths) / len(lengths):.0f} max {max(lengths)}"
-    )
+    official = official_keys(args.parallelbench)
+    held = heldout(args.parallelbench, EVAL_SEED, args.eval_samples, official)
+    held_keys = keys_of(held)
+    exclude = {t: official[t] | held_keys[t] for t in TASKS}
+    stream = RowStream(args.parallelbench, tok, args.seed, exclude=exclude)
+    evals = {
+        "short": eval_items(held, args.parallelbench, short=True),
+        "full": eval_items(held, args.parallelbench, False),
+    }
+    total = sum(st.steps for st in args.stage_list)
 
     kv = args.n_kv_heads or (args.n_heads if args.arch == "llada" else max(args.n_heads // 2, 1))
     size = ModelSize(args.d_model, args.n_layers, args.n_heads, kv, args.mlp_hidden)
-    if max(lengths) > size.max_len:
-        raise ValueError(f"a row has {max(lengths)} tokens > max_len {size.max_len}")
     torch.manual_seed(args.seed)
     if args.init:
         from dlm_decode.models import load_model
@@ -371,7 +417,9 @@ def main(argv: list[str] | None = None) -> None:
     else:
         model = make_model(args.arch, size, tok)
     n_params = sum(p.numel() for p in model.parameters())
-    accelerator.print(f"{args.arch}: {n_params / 1e6:.2f}M parameters, size {asdict(size)}")
+    accelerator.print(
+        f"{args.arch}: {n_params / 1e6:.2f}M parameters, size {asdict(size)}; {total} steps {args.stages}"
+    )
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
     opt = torch.optim.AdamW(
@@ -379,7 +427,8 @@ def main(argv: list[str] | None = None) -> None:
         lr=args.lr,
         betas=(0.9, 0.95),
     )
-    sched = get_cosine_schedule_with_warmup(opt, args.warmup, args.steps)
+    decay_steps = args.decay_steps if args.decay_steps is not None else int(0.15 * total)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, wsd_lambda(args.warmup, total, decay_steps))
     model, opt, sched = accelerator.prepare(model, opt, sched)
 
     start_step = 0
@@ -389,20 +438,20 @@ def main(argv: list[str] | None = None) -> None:
         start_step = json.loads((ckpt / "trainer_state.json").read_text())["step"]
         accelerator.print(f"resumed from {ckpt} at step {start_step}")
 
-    per_epoch = make_batches(lengths, args.batch_size, args.seed)
-    n_batches = len(per_epoch)
-    epoch_cache: dict[int, list[list[int]]] = {0: per_epoch}
-
-    def batch_for(step: int) -> list[int]:
-        epoch = step // n_batches
-        if epoch not in epoch_cache:
-            epoch_cache.clear()
-            epoch_cache[epoch] = make_batches(lengths, args.batch_size, args.seed + epoch)
-        idx = epoch_cache[epoch][step % n_batches]
-        return idx[accelerator.process_index :: accelerator.num_processes]
+    def mix_for(stage: Stage) -> Mix:
+        tasks = stage.tasks or TASKS
+        weights = tuple(args.weights.get(t, 1.0) for t in tasks)
+        if stage.kind == "short":
+            return Mix(args.short_batch, 1.0, tasks, weights)
+        return Mix(args.full_batch, args.short_share, tasks, weights)
 
     log_path = run_dir / "log.jsonl"
-    meta = {"arch": args.arch, "size": asdict(size), "params": n_params, "args": vars(args)}
+    meta = {
+        "arch": args.arch,
+        "size": asdict(size),
+        "params": n_params,
+        "args": {k: v for k, v in vars(args).items() if k not in ("stage_list", "weights")},
+    }
     if args.init:  # the architecture is the initial model's
         meta["init"] = args.init
         meta["config"] = accelerator.unwrap_model(model).config.to_dict()
@@ -411,12 +460,18 @@ def main(argv: list[str] | None = None) -> None:
     if ckpt is not None:
         state = json.loads((ckpt / "trainer_state.json").read_text())
         elapsed, ema = state.get("elapsed", 0.0), state.get("ema")
+        if accelerator.is_main_process and log_path.is_file():  # steps after the checkpoint are run again
+            kept = [ln for ln in log_path.read_text().splitlines() if ln.strip() and _log_step(ln) <= start_step]
+            _write_text_atomic(log_path, "".join(ln + "\n" for ln in kept))
     model.train()
-    bar = tqdm(range(start_step, args.steps), initial=start_step, total=args.steps, disable=False)
+    bar = tqdm(range(start_step, total), initial=start_step, total=total, disable=False)
     t_last = time.perf_counter()
     done = start_step
     for step in bar:
-        batch = collate([rows[i] for i in batch_for(step)], tok.pad_token_id)
+        stage_index, stage = stage_at(args.stage_list, step)
+        rows = stream.rows(step, mix_for(stage))
+        mine = rows[accelerator.process_index :: accelerator.num_processes]
+        batch = collate([(p, r) for p, r, _ in mine], tok.pad_token_id)
         batch = {k: v.to(accelerator.device) for k, v in batch.items()}
         gen = step_generator(args.seed, step)
         loss, info = diffusion_loss(model, batch, gen)
@@ -430,21 +485,35 @@ def main(argv: list[str] | None = None) -> None:
         t_last = now
         lv = float(loss.detach())
         ema = lv if ema is None else 0.98 * ema + 0.02 * lv
-        bar.set_postfix(loss=f"{ema:.3f}", lr=f"{sched.get_last_lr()[0]:.2e}")
+        bar.set_postfix(stage=f"{stage_index}:{stage.kind}", loss=f"{ema:.3f}", lr=f"{sched.get_last_lr()[0]:.2e}")
         done = step + 1
-        record = {"step": done, "loss": round(lv, 4), "ema": round(ema, 4), "elapsed": round(elapsed, 1)}
-        if args.eval_every and (done % args.eval_every == 0 or done == args.steps):
-            scores = evaluate_heldout(accelerator.unwrap_model(model), tok, ds["eval"], args.eval_samples)
+        record = {
+            "step": done,
+            "stage": stage_index,
+            "loss": round(lv, 4),
+            "ema": round(ema, 4),
+            "elapsed": round(elapsed, 1),
+        }
+        if args.eval_every and (done % args.eval_every == 0 or done == total):
+            which = ["short"] if stage.kind == "short" else ["full", "short"]
+            scores: dict[str, float] = {}
+            for kind in which:
+                scores |= evaluate_heldout(accelerator.unwrap_model(model), tok, evals[kind])
             record["eval"] = scores
-            record["eval_mean"] = round(sum(scores.values()) / len(scores), 1)
-            accelerator.print(json.dumps({"step": done, "eval_mean": record["eval_mean"], **scores}))
+            full = [v for k, v in scores.items() if not k.startswith("short/")]
+            short = [v for k, v in scores.items() if k.startswith("short/")]
+            record["eval_mean"] = round(sum(full) / len(full), 1) if full else None
+            record["eval_short_mean"] = round(sum(short) / len(short), 1) if short else None
+            accelerator.print(
+                json.dumps({"step": done, **{k: record[k] for k in ("eval_mean", "eval_short_mean")}, **scores})
+            )
             t_last = time.perf_counter()  # evaluation time is not training time
         if accelerator.is_main_process:
             with open(log_path, "a") as f:
                 f.write(json.dumps(record) + "\n")
-        if done % args.save_every == 0 or done == args.steps:
+        if done % args.save_every == 0 or done == total:
             save_checkpoint(accelerator, run_dir, done, {"elapsed": elapsed, "ema": ema})
-        if accelerator.is_main_process and (done == args.steps or args.export_every and done % args.export_every == 0):
+        if accelerator.is_main_process and (done == total or args.export_every and done % args.export_every == 0):
             card = {"step": done, "train_seconds": round(elapsed), **meta}
             export_model(accelerator.unwrap_model(model), tok, run_dir / "export", card)
         if args.stop_after is not None and done >= args.stop_after:

@@ -1,0 +1,189 @@
+"""The demo models' training rows, generated afresh for every step: short retrieval rows and full-template chats.
+
+Two kinds of row, both drawn with ``dlm_decode.parallelbench.generator`` from the official task configs with seeds
+that are functions of (run seed, step), so every batch is reproducible and a resumed run sees the same data:
+
+* **short rows** (the retrieval pre-stage): the operation word, its operands and the bare list or grid, with no task
+  template and no in-context turn, as the one user turn of the chat template::
+
+      copy ["Ann Lee", "Bo Kim", "Cy Fox"]
+      insert "Di Ray" at 2 ["Ann Lee", "Bo Kim", "Cy Fox"]
+      replace 1 with "Di Ray" ["Ann Lee", "Bo Kim", "Cy Fox"]
+      latin [H, 4, C, A]
+      sudoku
+      0042
+      ...
+
+  In-context retrieval (find the list in the prompt, write it back transformed) forms on these rows within a few
+  hundred steps at batch >= 128, where the full prompts (115-240 tokens) sat on a loss plateau for thousands.
+* **full rows**: the official prompt exactly as ``build_messages`` builds it (ICL turn included).
+
+Targets are drawn by ``random_answer`` afresh for every row: the random-output tasks (shuffle, insert / remove /
+replace at random, latin square) keep their real diversity (any valid answer), the others get their unique answer.
+Samples whose ``sample_key`` is in ``exclude`` (the official test samples and the held-out eval samples) are never
+produced, so neither is trained on.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dlm_decode.parallelbench.generator import generate_task, load_names, random_answer, sample_key
+from dlm_decode.parallelbench.tasks import build_messages, load_task, max_new_tokens
+
+WAITING_LINE = (
+    "copy",
+    "reverse",
+    "sort",
+    "shuffle",
+    "insert_index",
+    "insert_random",
+    "remove_index",
+    "remove_random",
+    "replace_index",
+    "replace_random",
+)
+TASKS = tuple(f"waiting_line/{op}" for op in WAITING_LINE) + ("puzzle/latin_square_n4", "puzzle/sudoku_n4_12")
+
+
+def short_prompt(task: str, sample: Mapping[str, Any]) -> str:
+    """The short-row prompt of a generated sample: operation word, operands, the bare list or grid."""
+    inp = sample["input"]
+    if task == "puzzle/latin_square_n4":
+        return f"latin {inp['symbols']}"
+    if task == "puzzle/sudoku_n4_12":
+        return "sudoku\n" + inp["sudoku"]
+    op = task.split("/", 1)[1]
+    action, _, mode = op.partition("_")
+    ctx = inp["context"]
+    word = f'"{inp["word"]}"' if "word" in inp else ""
+    if mode == "index":
+        index = inp["index"]
+        if action == "insert":
+            return f"insert {word} at {index} {ctx}"
+        if action == "remove":
+            return f"remove {index} {ctx}"
+        return f"replace {index} with {word} {ctx}"
+    if mode == "random":
+        if action == "insert":
+            return f"insert {word} {ctx}"
+        if action == "remove":
+            return f"remove {ctx}"
+        return f"replace with {word} {ctx}"
+    return f"{op} {ctx}"
+
+
+def encode_row(tok: Any, messages: list[dict], target: str, gen_length: int) -> tuple[list[int], list[int]]:
+    """(prompt ids as dlm_decode.generate builds them, response = answer, ``<|eot_id|>``, then EOS up to
+    exactly ``gen_length``)."""
+    text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    prompt = list(tok(text, add_special_tokens=False)["input_ids"])
+    resp = list(tok(target, add_special_tokens=False)["input_ids"]) + [tok.convert_tokens_to_ids("<|eot_id|>")]
+    if len(resp) > gen_length:
+        raise ValueError(f"answer of {len(resp) - 1} tokens does not fit in gen_length {gen_length}: {target!r}")
+    return prompt, resp + [tok.eos_token_id] * (gen_length - len(resp))
+
+
+@dataclass(frozen=True)
+class Mix:
+    """What one step's batch holds: ``batch`` rows, ``short_share`` of them short rows, tasks drawn by weight."""
+
+    batch: int
+    short_share: float
+    tasks: tuple[str, ...] = TASKS
+    weights: tuple[float, ...] | None = None
+
+
+class RowStream:
+    """Rows for a step, a function of (seed, step, mix): ``rows(step, mix) -> [(prompt_ids, response_ids, task)]``."""
+
+    def __init__(
+        self,
+        data_dir: str | Path,
+        tokenizer: Any,
+        seed: int,
+        exclude: Mapping[str, set] | None = None,
+    ) -> None:
+        self.tok = tokenizer
+        self.seed = seed
+        self.names = load_names(Path(data_dir) / "first_last_names.yaml")
+        self.configs = {t: load_task(data_dir, t, limit=0).config for t in TASKS}
+        self.exclude = {t: set(exclude.get(t, ())) for t in TASKS} if exclude else {t: set() for t in TASKS}
+
+    def encode(self, messages: list[dict], target: str, gen_length: int) -> tuple[list[int], list[int]]:
+        return encode_row(self.tok, messages, target, gen_length)
+
+    def samples(self, task: str, n: int, seed: int) -> list[dict]:
+        return generate_task(task, self.configs[task], self.names, n=n, seed=seed, exclude=self.exclude[task])
+
+    def rows(self, step: int, mix: Mix) -> list[tuple[list[int], list[int], str]]:
+        rng = random.Random(self.seed * 1_000_003 + step)
+        n_short = round(mix.batch * mix.short_share)
+        kinds = ["short"] * n_short + ["full"] * (mix.batch - n_short)
+        picks = rng.choices(range(len(mix.tasks)), weights=mix.weights, k=mix.batch)
+        wanted: dict[tuple[str, str], int] = {}
+        for kind, i in zip(kinds, picks, strict=True):
+            wanted[(kind, mix.tasks[i])] = wanted.get((kind, mix.tasks[i]), 0) + 1
+        out = []
+        for (kind, task), n in sorted(wanted.items()):
+            answer_rng = random.Random(rng.randrange(2**62))
+            gen_length = max_new_tokens(task)
+            for s in self.samples(task, n, rng.randrange(2**62)):
+                target = random_answer(task, s, answer_rng)
+                if kind == "short":
+                    chat = [{"role": "user", "content": short_prompt(task, s)}]
+                else:
+                    chat = build_messages(self.configs[task], s)
+                out.append((*self.encode(chat, target, gen_length), f"{kind}/{task}"))
+        rng.shuffle(out)
+        return out
+
+
+def heldout(data_dir: str | Path, seed: int, per_task: int, exclude: Mapping[str, set]) -> dict[str, list[dict]]:
+    """Fresh-seed held-out samples per task (never an official test sample)."""
+    names = load_names(Path(data_dir) / "first_last_names.yaml")
+    out = {}
+    for i, task in enumerate(TASKS):
+        config = load_task(data_dir, task, limit=0).config
+        out[task] = generate_task(task, config, names, n=per_task, seed=seed + 7919 * i, exclude=exclude.get(task, ()))
+    return out
+
+
+def official_keys(data_dir: str | Path) -> dict[str, set]:
+    """``sample_key`` of every official test sample, per task."""
+    return {t: {sample_key(s) for s in load_task(data_dir, t).samples} for t in TASKS}
+
+
+def keys_of(samples: Mapping[str, Sequence[dict]]) -> dict[str, set]:
+    return {t: {sample_key(s) for s in ss} for t, ss in samples.items()}
+
+
+def eval_items(
+    samples: Mapping[str, Sequence[dict]], data_dir: str | Path, short: bool
+) -> dict[str, tuple[list, list, int]]:
+    """task -> (chats, samples, gen_length) for scoring.score_tasks; ``short`` builds the short-row prompts."""
+    items = {}
+    for task, ss in samples.items():
+        config = load_task(data_dir, task, limit=0).config
+        chats = [
+            [{"role": "user", "content": short_prompt(task, s)}] if short else build_messages(config, s) for s in ss
+        ]
+        items[("short/" if short else "") + task] = (chats, list(ss), max_new_tokens(task))
+    return items
+
+
+def corpus(data_dir: str | Path, per_task: int, seed: int) -> list[str]:
+    """Text for the tokenizer: full prompts, short prompts and answers of ``per_task`` fresh samples per task."""
+    names = load_names(Path(data_dir) / "first_last_names.yaml")
+    rng = random.Random(seed)
+    texts = []
+    for i, task in enumerate(TASKS):
+        config = load_task(data_dir, task, limit=0).config
+        for s in generate_task(task, config, names, n=per_task, seed=seed + 104_729 * i):
+            texts += [m["content"] for m in build_messages(config, s)]
+            texts += [short_prompt(task, s), random_answer(task, s, rng)]
+    return texts
