@@ -3,7 +3,7 @@
 ``import dlm_decode`` registers the native LLaDA and Dream classes with transformers' Auto classes.
 
     from dlm_decode import generate, load_model
-    model, tok = load_model("demo-llada")
+    model, tok = load_model("demo-llada")      # or AutoModel.from_pretrained(demo_model_path("demo-llada"))
     out = generate(model, ["..."], tokenizer=tok, chat=True, sampler="threshold", gen_length=32)
 """
 
@@ -11,7 +11,7 @@ from dlm_decode.cache import CACHES, get_cache
 from dlm_decode.core.config import DecodeConfig
 from dlm_decode.core.loop import GenerateOutput, generate
 from dlm_decode.core.state import DecodeState
-from dlm_decode.models import load_model
+from dlm_decode.models import demo_model_path, load_model
 from dlm_decode.samplers import SAMPLERS, get_sampler
 
 __version__ = "0.1.0"
@@ -22,6 +22,7 @@ __all__ = [
     "DecodeConfig",
     "DecodeState",
     "GenerateOutput",
+    "demo_model_path",
     "generate",
     "get_cache",
     "get_sampler",

@@ -67,8 +67,19 @@ def add_decoding_args(p: argparse.ArgumentParser, *, gen_length: int | None = 12
     g.add_argument("--block-length", type=int, default=None, help="block size (default: 32, or gen length)")
     g.add_argument("--steps", type=int, default=None, help="total steps for fixed-budget samplers (default: gen)")
     g.add_argument("--temperature", type=float, default=0.0)
-    g.add_argument("--top-p", type=float, default=None)
-    g.add_argument("--top-k", type=int, default=None)
+    g.add_argument(
+        "--top-p",
+        type=float,
+        default=None,
+        help="top-p filter (1.0: off; default: as the sampler's reference, see --top-k; 1.0 for Dream)",
+    )
+    g.add_argument(
+        "--top-k",
+        type=int,
+        default=None,
+        help="top-k filter (0: off; default: as the sampler's reference: 50 for the Dream orderings on a Dream "
+        "checkpoint, as its diffusion_generate, unless its config.json sets top_k; none otherwise)",
+    )
     g.add_argument("--cfg-scale", type=float, default=0.0, help="classifier-free guidance scale (LLaDA)")
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--stop-at-eos", action="store_true", help="stop a row at its first EOS (rest filled with EOS)")
@@ -87,9 +98,11 @@ def decoding_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     if preset is not None:
         if args.sampler is not None and args.sampler != preset.sampler:
             raise ValueError(f"--preset {preset.name} decodes with {preset.sampler!r}; drop --sampler {args.sampler}")
-        options = preset.options | options
+        given = {k: getattr(args, k) for k in ("gen_length", "block_length", "steps") if getattr(args, k) is not None}
+        resolved = preset.generate_kwargs(options, **given)  # the preset's steps follow an overridden gen length
+        options = resolved["sampler_options"]
         if args._default_gen_length is not None:  # commands with their own lengths (ParallelBench) keep them
-            overrides = dict(preset.config)
+            overrides = {k: resolved[k] for k in ("gen_length", "block_length", "steps") if k in resolved}
     gen_length = (
         args.gen_length if args.gen_length is not None else overrides.get("gen_length", args._default_gen_length)
     )
@@ -132,7 +145,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import dlm_decode
+    from dlm_decode.core.inputs import encode_prompts
+    from dlm_decode.core.request import check_request
+    from dlm_decode.models.loading import check_device, load_tokenizer, model_facts
 
+    check_device(args.device, "--device")
     if args.prompts and args.input_ids:
         raise ValueError("give either text prompts or --input-ids rows, not both")
     if not args.prompts and not args.input_ids:
@@ -144,11 +161,14 @@ def run(args: argparse.Namespace) -> int:
         except ValueError:
             raise ValueError(f"--input-ids expects comma-separated integers, got {spec!r}") from None
     kw = decoding_kwargs(args)
-    check_components(kw)
-    model, tok = dlm_decode.load_model(args.model, dtype=args.dtype, device=args.device)
+    # everything config.json, the tokenizer files and the flags decide is checked before any weight is read
+    facts, tok = model_facts(args.model), load_tokenizer(args.model)
     if args.prompts and tok is None:
         raise ValueError(f"{args.model} ships no tokenizer: pass --input-ids instead of text prompts")
-    out = dlm_decode.generate(model, rows, tokenizer=tok, chat=args.chat, **kw)
+    ids = encode_prompts(rows, tok, args.chat)
+    check_request(facts, ids, **kw)
+    model, _ = dlm_decode.load_model(args.model, dtype=args.dtype, device=args.device, tokenizer=False)
+    out = dlm_decode.generate(model, ids, tokenizer=tok, **kw)
     if args.json:
         print(json.dumps(out.to_json()))
     else:
@@ -184,12 +204,19 @@ def _needs_extra(command: str, install: str):
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except KeyboardInterrupt:  # Ctrl-C while the subcommands' modules import
+        print("dlm-decode: interrupted", file=sys.stderr)
+        return 130
     try:
         return int(args._run(args) or 0)
     except (ValueError, FileNotFoundError, MissingExtraError) as e:
         print(f"dlm-decode {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C: no traceback; commands that keep partial results say where they are
+        print(f"dlm-decode {args.command}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

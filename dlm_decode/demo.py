@@ -180,10 +180,12 @@ def run(args: argparse.Namespace) -> int:
     import torch
     from tqdm.auto import tqdm
 
+    from dlm_decode.models.loading import check_device
     from dlm_decode.parallelbench.runner import run_task, warm_up
 
     if args.threads < 1:
         raise ValueError(f"--threads must be >= 1, got {args.threads}")
+    check_device(args.device, "--device")
     torch.set_num_threads(args.threads)
     samples = args.samples if args.samples is not None else (2 if args.quick else 4)
     if samples < 1:

@@ -1,5 +1,6 @@
 """Straightforward re-statements of the official generate functions (LLaDA ``generate``, Fast-dLLM ``generate`` with
-threshold / factor, Dream ``_sample``), written from their published behaviour for token-identity tests.
+threshold / factor, Dream ``diffusion_generate`` / ``_sample`` with its effective defaults), written from their
+published behaviour for token-identity tests.
 
 They keep the references' structure on purpose (per-row Python loops, ``torch.topk`` per row, the whole canvas
 through the model every step) so that they are an independent check of the vectorised library code. ``model`` is
@@ -102,17 +103,57 @@ def fastdllm_generate(model, prompt, gen_length, block_length, mask_id, threshol
     return x, nfe
 
 
+# transformers 4.x ``PretrainedConfig`` generation defaults (the reference needs transformers 4.4x) and
+# ``DreamGenerationConfig``'s own defaults, for the fields ``_sample`` reads
+TF4_MODEL_CONFIG = {"temperature": 1.0, "top_k": 50, "top_p": 1.0}
+DREAM_GENERATION_CONFIG = {"temperature": 0.0, "top_p": None, "top_k": None, "eps": 1e-3, "alg_temp": None}
+
+
+def dream_generation_config(model_config: dict, **kwargs) -> dict:
+    """What ``diffusion_generate(..., **kwargs)`` samples with: ``DreamGenerationConfig.from_model_config`` of the
+    model's config.json (transformers 4.x fills absent generation keys with its defaults; ``from_model_config``
+    drops None values), then ``update(**kwargs)`` (explicit None included). generation_config.json is not read."""
+    merged = {k: v for k, v in (TF4_MODEL_CONFIG | model_config).items() if v is not None}
+    cfg = {k: merged.get(k, default) for k, default in DREAM_GENERATION_CONFIG.items()}
+    cfg.update({k: v for k, v in kwargs.items() if k in cfg})
+    return cfg
+
+
+def _top_p_logits(logits, top_p):
+    sorted_logits, sorted_indices = torch.sort(logits, descending=True)
+    cum = torch.cumsum(F.softmax(sorted_logits, dim=-1), dim=-1)
+    remove = cum > top_p
+    remove[..., 1:] = remove[..., :-1].clone()
+    remove[..., 0] = 0
+    mask = torch.zeros_like(logits, dtype=torch.bool).scatter_(-1, sorted_indices, remove)
+    return logits.masked_fill(mask, torch.finfo(logits.dtype).min)
+
+
+def _top_k_logits(logits, top_k):
+    top_k = min(top_k, logits.size(-1))
+    remove = logits < torch.topk(logits, top_k)[0][..., -1, None]
+    return logits.masked_fill(remove, torch.finfo(logits.dtype).min)
+
+
 @torch.no_grad()
-def dream_sample(model, input_ids, gen_length, steps, mask_id, alg="maskgit_plus", eps=1e-3):
-    """Dream ``_sample`` at temperature 0 without padding (attention "full"); ``model`` returns raw logits."""
+def dream_sample(model, input_ids, gen_length, steps, mask_id, alg="maskgit_plus", config=None, **kwargs):
+    """Dream ``diffusion_generate`` / ``_sample`` at temperature 0 without padding (attention "full"); ``model``
+    returns raw logits. ``config``: the checkpoint's config.json as a dict; ``kwargs``: what the caller passes
+    (``temperature``, ``top_p``, ``top_k``, ``eps``), merged as :func:`dream_generation_config` does."""
+    gc = dream_generation_config(config or {}, **kwargs)
+    assert gc["temperature"] == 0 and not gc["alg_temp"], "re-stated at temperature 0, alg_temp off"
     x = F.pad(input_ids, (0, gen_length), value=mask_id)
-    timesteps = torch.linspace(1, eps, steps + 1)
+    timesteps = torch.linspace(1, gc["eps"], steps + 1)
     for i in range(steps):
         mask_index = x == mask_id
         logits = model(x)
         logits = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
         mask_logits = logits[mask_index]
         t, s = timesteps[i], timesteps[i + 1]
+        if gc["top_p"] is not None and gc["top_p"] < 1:  # sample_tokens: top-p, then top-k
+            mask_logits = _top_p_logits(mask_logits, gc["top_p"])
+        if gc["top_k"] is not None:
+            mask_logits = _top_k_logits(mask_logits, gc["top_k"])
         probs = torch.softmax(mask_logits, dim=-1)
         confidence, x0 = probs.max(dim=-1)
         if alg == "topk_margin":

@@ -47,6 +47,28 @@ def test_generate_json_with_every_baseline(request, capsys, which, sampler):
     assert isinstance(out["seconds"], float) and all(isinstance(r["nfe"], int) for r in out["rows"])
 
 
+@pytest.mark.parametrize(
+    "which, sampler, extra, top_k",
+    [
+        ("dream_dir", "maskgit_plus", [], 50),  # Dream's diffusion_generate default (transformers 4.x)
+        ("dream_dir", "entropy", ["--top-k", "0"], 0),  # explicitly off
+        ("dream_dir", "topk_margin", ["--top-k", "7"], 7),
+        ("dream_dir", "low_confidence", [], None),  # LLaDA's rule: its reference has no top-k
+        ("llada_dir", "maskgit_plus", [], None),  # a LLaDA checkpoint has no diffusion_generate defaults
+    ],
+)
+def test_generate_json_reports_the_effective_sampling_options(request, capsys, which, sampler, extra, top_k):
+    path = request.getfixturevalue(which)
+    argv = ["generate", str(path), "--input-ids", "5,6,7", "--sampler", sampler, "--gen-length", "8", "--json"]
+    assert main(argv + extra) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["config"]["top_k"] == top_k and out["config"]["temperature"] == 0.0
+    assert out["config"]["gen_length"] == out["config"]["block_length"] == 8
+    if sampler != "low_confidence":
+        assert out["sampler"]["eps"] == 1e-3 and out["sampler"]["alg_temp"] is None
+        assert out["config"]["top_p"] == (1.0 if which == "dream_dir" else None)
+
+
 def test_generate_is_reproducible_and_takes_options(llada_dir, capsys):
     args = [
         "generate",

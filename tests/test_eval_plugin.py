@@ -30,6 +30,7 @@ from lm_eval.api.instance import Instance  # noqa: E402
 import dlm_decode  # noqa: E402
 import dlm_decode.eval as dlm_eval  # noqa: E402
 from dlm_decode.eval import likelihood  # noqa: E402
+from dlm_decode.eval.answers import Generation, StatsTask, stats_of  # noqa: E402
 from dlm_decode.eval.cli import lm_eval_argv, stats_file  # noqa: E402
 from dlm_decode.eval.lm import DLMDecodeLM  # noqa: E402
 from dlm_decode.eval.options import parse_model_args  # noqa: E402
@@ -145,8 +146,9 @@ def test_generate_until_order_cuts_and_batch_invariance(lms, which):
     for c, a in zip(contexts, alone, strict=True):
         ids = lm.tokenizer(c)["input_ids"]
         direct = dlm_decode.generate(lm.model, [ids], tokenizer=lm.tokenizer, gen_length=16, block_length=8)
-        assert a == direct.rows[0].text
-        assert a.stats["nfe"] >= 1 and a.stats["tokens_per_step"] > 0
+        assert a == direct.rows[0].text and type(a) is str  # plain text: lm-eval casts gold answers to its type
+    for req, record in zip(reqs, lm.request_stats[-len(reqs) :], strict=True):
+        assert stats_of(req) == [record] and record["nfe"] >= 1 and record["tokens_per_step"] > 0
     lm.batch_size = 3
     assert lm.generate_until(reqs) == alone
     # cut at every until string: at the second word of each answer that has one, and a missing string cuts nothing
@@ -164,9 +166,10 @@ def test_gen_length_follows_the_task_budget_and_chat_wraps_the_context(lms):
     model, tok = lms["llada"].model, lms["llada"].tokenizer
     lm = DLMDecodeLM(model=model, tokenizer=tok, block_length=8, chat=True, progress=False)
     out = lm.generate_until([_req("generate_until", ("w5 w6", {"until": [], "max_gen_toks": 12}))])
-    assert out[0].stats["gen_length"] == 16  # 12 rounded up to whole blocks of 8
+    (stats,) = lm.request_stats
+    assert stats["gen_length"] == 16  # 12 rounded up to whole blocks of 8
     direct = dlm_decode.generate(model, ["w5 w6"], tokenizer=tok, chat=True, gen_length=16, block_length=8)
-    assert out[0] == direct.rows[0].text and out[0].stats["prompt_tokens"] == len(direct.rows[0].prompt_ids)
+    assert out[0] == direct.rows[0].text and stats["prompt_tokens"] == len(direct.rows[0].prompt_ids)
     with pytest.raises(ValueError, match="model="):
         DLMDecodeLM(model="demo-llada", tokenizer=None)
 
@@ -316,6 +319,95 @@ def test_parallelbench_tasks_refuse_to_run_without_the_chat_template(lms, task_m
         )
 
 
+def _local_task(folder: Path, name: str, docs: list[dict], body: str):
+    """A YAML task over a jsonl written to ``folder`` (lm-eval's ``dataset_path: json``), and a TaskManager that sees
+    only it."""
+    from lm_eval.tasks import TaskManager
+
+    data = folder / f"{name}.jsonl"
+    data.write_text("".join(json.dumps(d) + "\n" for d in docs))
+    head = f"task: {name}\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {data}\ntest_split: test\n"
+    (folder / f"{name}.yaml").write_text(head + textwrap.dedent(body))
+    return TaskManager(include_path=str(folder), include_defaults=False)
+
+
+_PLAIN_GENERATE = """
+    output_type: generate_until
+    doc_to_text: "{{prompt}}"
+    doc_to_target: "{{target}}"
+    generation_kwargs:
+      until: ["\\n"]
+      max_gen_toks: 16
+    metric_list:
+      - metric: exact_match
+"""
+
+
+@pytest.mark.skipif(not DEMO.is_dir(), reason="demo-llada is not shipped")
+def test_plain_generate_until_task_scores_exact_match(tmp_path):
+    """An ordinary generate_until task (string target, exact_match, no filters) through the registered name: lm-eval
+    casts each gold answer to the answer's type, which crashed on the old ``str`` subclass."""
+    model, tok = dlm_decode.load_model("demo-llada")
+    prompts = ["Copy the list: Alice, Bob, Carol", "Hello there"]
+    out = dlm_decode.generate(model, prompts, tokenizer=tok, gen_length=16, block_length=16)
+    answers = [r.text.split("\n")[0] for r in out.rows]
+    assert all(answers)  # non-empty, so matching one is not a coincidence of empty strings
+    docs = [{"prompt": prompts[0], "target": answers[0]}, {"prompt": prompts[1], "target": answers[1] + " (not this)"}]
+    tm = _local_task(tmp_path, "plain_gen", docs, _PLAIN_GENERATE)
+    res = lm_eval.simple_evaluate(
+        model="dlm_decode",
+        model_args="pretrained=demo-llada,gen_length=16,block_length=16,progress=false,device=cpu",
+        tasks=["plain_gen"],
+        task_manager=tm,
+        bootstrap_iters=0,
+        log_samples=True,
+    )
+    assert res["results"]["plain_gen"]["exact_match,none"] == 0.5  # the first target is the answer, the second not
+    samples = sorted(res["samples"]["plain_gen"], key=lambda x: x["doc_id"])
+    got = [x["filtered_resps"][0] for x in samples]
+    assert got == answers and all(type(g) is str for g in got)  # the batched plugin answers as a direct generate
+    assert [x["exact_match"] for x in samples] == [float(g == d["target"]) for g, d in zip(got, docs, strict=True)]
+    assert res["config"]["dlm_decode"]["summary"]["generate_requests"] == 2
+
+
+_PLAIN_CHOICE = """
+    output_type: multiple_choice
+    doc_to_text: "{{question}}"
+    doc_to_choice: "{{choices}}"
+    doc_to_target: answer
+    metric_list:
+      - metric: acc
+"""
+
+
+@pytest.mark.skipif(not DEMO.is_dir(), reason="demo-llada is not shipped")
+def test_plain_multiple_choice_task_scores_what_loglikelihood_ranks(tmp_path):
+    docs = [
+        {"question": "Copy the list: Alice, Bob", "choices": ["Alice, Bob", "Bob", "Carol, Dan"], "answer": 0},
+        {"question": "Hello", "choices": ["there", "Alice", "Bob, Carol"], "answer": 2},
+    ]
+    tm = _local_task(tmp_path, "plain_mc", docs, _PLAIN_CHOICE)
+    lm = DLMDecodeLM(pretrained="demo-llada", mc_num=4, progress=False, device="cpu")
+    res = lm_eval.simple_evaluate(model=lm, tasks=["plain_mc"], task_manager=tm, bootstrap_iters=0, log_samples=True)
+    # the same scores straight from the model: deterministic per request, so the ranking is known
+    picks = []
+    for d in docs:
+        lls = lm.loglikelihood([_req("loglikelihood", (d["question"], " " + c)) for c in d["choices"]])
+        picks.append(max(range(len(lls)), key=lambda i: lls[i][0]))
+    expected = sum(p == d["answer"] for p, d in zip(picks, docs, strict=True)) / len(docs)
+    assert res["results"]["plain_mc"]["acc,none"] == pytest.approx(expected)
+    samples = sorted(res["samples"]["plain_mc"], key=lambda x: x["doc_id"])
+    assert [x["acc"] for x in samples] == [float(p == d["answer"]) for p, d in zip(picks, docs, strict=True)]
+
+
+def test_generation_survives_lm_evals_gold_cast():
+    """What a StatsTask hands process_results: lm-eval's ``type(result)(gold)`` builds one from the gold text."""
+    g = Generation("a b", {"nfe": 3})
+    gold = type(g)("a b")
+    assert gold == g and gold.stats == {} and g.stats == {"nfe": 3}
+    assert issubclass(StatsTask, lm_eval.api.task.ConfigurableTask)
+
+
 def test_every_shipped_task_is_indexed(task_manager):
     names = set(task_manager.all_tasks)
     pb = {f"parallelbench_waiting_line_{op}" for op in ("copy", "reverse", "sort", "shuffle", "insert_random")}
@@ -330,6 +422,7 @@ def test_humaneval_runs_through_lm_eval(lms, task_manager, monkeypatch):
         model=lms["llada"], tasks=["dlm_humaneval"], task_manager=task_manager, limit=1, confirm_run_unsafe_code=True
     )
     assert res["results"]["dlm_humaneval"]["pass@1,none"] == 0.0  # a random model's words are not Python
+    assert res["results"]["dlm_humaneval"]["nfe,none"] >= 1  # statistics reach the task through StatsTask
 
 
 def test_humaneval_executes_only_with_the_opt_in(monkeypatch):

@@ -24,7 +24,8 @@ from dlm_decode.core.config import DecodeConfig
         (dict(steps=0), "steps must be a positive integer"),
         (dict(temperature=-1.0), "temperature"),
         (dict(top_p=1.5), "top_p"),
-        (dict(top_k=0), "top_k"),
+        (dict(top_k=-1), "top_k must be an integer >= 0"),
+        (dict(top_k=2.5), "top_k"),
     ],
 )
 def test_bad_decoding_arguments_fail_before_work(llada, kwargs, match):

@@ -282,7 +282,7 @@ def test_sweep_appends_rows_and_resumes_without_the_model(model_tok, tmp_path):
             "configs": [
                 {"sampler": "low_confidence", "k": 1},
                 {"sampler": "low_confidence", "k": 4},
-                {"sampler": "no_such_sampler"},
+                {"sampler": "low_confidence", "k": 5},  # does not divide 32: skipped with a notice
                 {"sampler": "oracle"},
             ]
         }
@@ -290,7 +290,7 @@ def test_sweep_appends_rows_and_resumes_without_the_model(model_tok, tmp_path):
     out, notes = tmp_path / "s.jsonl", []
     meta = {"model": "tiny", "source": "test", "limit": 1}
     rows = run_sweep(lambda: model_tok, tasks, configs, out, meta=meta, notice=notes.append)
-    assert len(rows) == 3 and len(read_rows(out)) == 3 and any("no_such_sampler" in n for n in notes)
+    assert len(rows) == 3 and len(read_rows(out)) == 3 and any("k=5 must divide" in n for n in notes)
     by = {r["label"]: r for r in attach_oracle(rows)}
     assert by["top-k k=4"]["nfe"] == 8 and by["top-k k=1"]["nfe"] == 32
     assert by["top-k k=1"]["oracle_nfe"] == by["oracle"]["nfe"] <= 32

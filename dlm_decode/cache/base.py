@@ -48,8 +48,9 @@ class CachePolicy:
     name: ClassVar[str] = "base"
     uses_store: ClassVar[bool] = True
 
-    def check(self, config: DecodeConfig, sampler: Any, model: Any) -> None:
-        """Validate against the decoding config, the sampler and the model (before any work)."""
+    def check(self, config: DecodeConfig, sampler: Any, facts: Any) -> None:
+        """Validate against the decoding config, the sampler and the model's ``core.request.ModelFacts`` (None when
+        unknown), before any work."""
 
     def begin_block(self, state: DecodeState) -> None:
         """Called at each block start (after the sampler's ``begin_block``)."""

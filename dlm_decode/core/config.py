@@ -15,7 +15,10 @@ class DecodeConfig:
         orderings, which have no blocks in their reference).
     steps: total step budget over all blocks for fixed-budget samplers (LLaDA / Dream schedules); None = L.
         Threshold-style samplers ignore it (their bound is one token per step).
-    temperature, top_p, top_k: token sampling; temperature 0 is greedy and ignores the seed.
+    temperature, top_p, top_k: token sampling; temperature 0 is greedy and ignores the seed. ``top_k`` 0 and
+        ``top_p`` 1.0 turn the filter off; None (unset) leaves it to the sampler's reference: the Dream orderings
+        take what Dream's ``diffusion_generate`` would for the checkpoint (``model.sampling_defaults``: top-k 50
+        unless config.json says otherwise), every other sampler filters nothing.
     seed: seeds the ``torch.Generator`` for every random draw of the call.
     stop_at_eos: once a row has committed EOS with everything before it decoded, fill the rest with EOS.
     cfg_scale: classifier-free guidance (LLaDA): ``un + (cfg + 1) * (cond - un)`` with the prompt masked in ``un``.
@@ -42,7 +45,7 @@ class DecodeConfig:
             raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
         if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
-        if self.top_k is not None and (not isinstance(self.top_k, int) or self.top_k < 1):
-            raise ValueError(f"top_k must be a positive integer, got {self.top_k!r}")
+        if self.top_k is not None and (type(self.top_k) is not int or self.top_k < 0):  # bool is no count
+            raise ValueError(f"top_k must be an integer >= 0 (0: no top-k filter) or None, got {self.top_k!r}")
         if not math.isfinite(self.cfg_scale) or self.cfg_scale < 0:
             raise ValueError(f"cfg_scale must be >= 0, got {self.cfg_scale!r}")

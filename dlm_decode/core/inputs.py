@@ -1,13 +1,35 @@
-"""Turning prompts into a left-padded canvas, with every input check made before any model work."""
+"""Turning prompts into token-id rows and a left-padded canvas, and checking the rows against what the model's
+``config.json`` decides (``ModelFacts``: vocabulary, MASK id, maximum length)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 Prompt = str | Sequence[int] | Sequence[dict[str, str]]
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What a checkpoint's ``config.json`` decides about a decoding request."""
+
+    vocab_size: int  # rows of the input embedding: valid token ids are [0, vocab_size)
+    mask_id: int
+    max_length: int  # max_sequence_length (LLaDA) / max_position_embeddings (Dream): prompt + generation
+    model_type: str = "unknown"
+
+    @classmethod
+    def of_model(cls, model: Any) -> ModelFacts:
+        """The facts of a model (a loaded one, or one built on the meta device from ``config.json`` alone)."""
+        return cls(
+            vocab_size=int(model.get_input_embeddings().weight.shape[0]),
+            mask_id=int(model.mask_token_id),
+            max_length=int(model.max_sequence_length),
+            model_type=str(getattr(model.config, "model_type", type(model).__name__)),
+        )
 
 
 def encode_prompts(prompts: Sequence[Prompt] | torch.Tensor, tokenizer: Any | None, chat: bool) -> list[list[int]]:
@@ -49,28 +71,10 @@ def build_canvas(
     gen_length: int,
     mask_id: int,
     pad_id: int,
-    vocab_size: int,
-    max_length: int,
     device: torch.device | str,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
-    """Left-pad prompts and append ``gen_length`` MASK slots -> canvas, valid, positions [B, T], and P."""
-    if len(rows) == 0:
-        raise ValueError("empty batch: give at least one prompt")
-    for i, r in enumerate(rows):
-        if len(r) == 0:
-            raise ValueError(f"prompt {i} is empty; every row needs at least one prompt token")
-        if mask_id in r:
-            raise ValueError(
-                f"prompt {i} contains the MASK id {mask_id} at position {r.index(mask_id)}; prompts must be clean"
-            )
-        bad = [t for t in r if not 0 <= t < vocab_size]
-        if bad:
-            raise ValueError(f"prompt {i} has token ids outside the vocabulary [0, {vocab_size}): {bad[:5]}")
-        if len(r) + gen_length > max_length:
-            raise ValueError(
-                f"prompt {i} has {len(r)} tokens; with gen_length {gen_length} that is {len(r) + gen_length} "
-                f"> the model's maximum sequence length {max_length}"
-            )
+    """Left-pad prompts (checked by ``check_request``) and append ``gen_length`` MASK slots -> canvas, valid,
+    positions [B, T], and P."""
     p = max(len(r) for r in rows)
     b, t = len(rows), p + gen_length
     canvas = torch.full((b, t), mask_id, dtype=torch.long)
@@ -81,3 +85,32 @@ def build_canvas(
         valid[i, : p - len(r)] = False
     positions = (valid.long().cumsum(1) - 1).clamp(min=0)
     return canvas.to(device), valid.to(device), positions.to(device), p
+
+
+def check_prompts(rows: list[list[int]] | None, facts: ModelFacts | None, gen_length: int) -> None:
+    """Prompt token-id rows: non-empty, MASK-free, inside the vocabulary, and short enough for the generation."""
+    if rows is not None and len(rows) == 0:
+        raise ValueError("empty batch: give at least one prompt")
+    for i, r in enumerate(rows or []):
+        if len(r) == 0:
+            raise ValueError(f"prompt {i} is empty; every row needs at least one prompt token")
+        if facts is None:
+            continue
+        if facts.mask_id in r:
+            raise ValueError(
+                f"prompt {i} contains the MASK id {facts.mask_id} at position {r.index(facts.mask_id)}; "
+                "prompts must be clean"
+            )
+        bad = [t for t in r if not 0 <= t < facts.vocab_size]
+        if bad:
+            raise ValueError(f"prompt {i} has token ids outside the vocabulary [0, {facts.vocab_size}): {bad[:5]}")
+        if len(r) + gen_length > facts.max_length:
+            raise ValueError(
+                f"prompt {i} has {len(r)} tokens; with gen_length {gen_length} that is {len(r) + gen_length} "
+                f"> the model's maximum sequence length {facts.max_length}"
+            )
+    if facts is not None and gen_length + 1 > facts.max_length:
+        raise ValueError(
+            f"gen_length {gen_length} leaves no room for a prompt: the model's maximum sequence length is "
+            f"{facts.max_length} (prompt + gen_length)"
+        )

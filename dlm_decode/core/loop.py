@@ -13,6 +13,7 @@ A row whose logits turn non-finite is stopped with an error message; the other r
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,13 +21,14 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from dlm_decode.cache.base import CachePolicy, StepPlan, get_cache
+from dlm_decode.cache.base import CachePolicy, StepPlan
 from dlm_decode.cache.store import KVStore
 from dlm_decode.core.config import DecodeConfig
 from dlm_decode.core.inputs import Prompt, build_canvas, encode_prompts
+from dlm_decode.core.request import ModelFacts, check_request
 from dlm_decode.core.state import DecodeState
 from dlm_decode.options import describe
-from dlm_decode.samplers.base import Sampler, candidates, get_sampler
+from dlm_decode.samplers.base import Sampler, candidates
 
 
 @dataclass
@@ -50,6 +52,7 @@ class GenerateOutput:
     refreshes: int  # steps that recomputed every slot
     sampler: dict[str, Any] = field(default_factory=dict)
     cache: dict[str, Any] = field(default_factory=dict)
+    config: dict[str, Any] = field(default_factory=dict)  # the DecodeConfig decoded with (unset options filled in)
     trace: torch.Tensor | None = None  # [B, L] step that committed each generation slot (-1: cut / filled)
     scratch: dict[str, Any] = field(default_factory=dict)  # the call's sampler / cache memory (records, statistics)
 
@@ -67,8 +70,13 @@ class GenerateOutput:
     def to_json(self) -> dict[str, Any]:
         return {
             "rows": [
-                {"prompt_ids": r.prompt_ids, "generated_ids": r.generated_ids, "text": r.text, "nfe": r.nfe}
-                | ({"error": r.error} if r.error else {})
+                {
+                    "prompt_ids": r.prompt_ids,
+                    "generated_ids": r.generated_ids,
+                    "text": r.text,
+                    "nfe": r.nfe,
+                    "error": r.error,  # None, or why the row stopped early (its slots are then not an answer)
+                }
                 for r in self.rows
             ],
             "nfe": self.nfe,
@@ -77,15 +85,8 @@ class GenerateOutput:
             "cache_bytes": self.cache_bytes,
             "sampler": self.sampler,
             "cache": self.cache,
+            "config": self.config,
         }
-
-
-def _config(config: DecodeConfig | None, kwargs: dict[str, Any]) -> DecodeConfig:
-    if config is not None and kwargs:
-        from dataclasses import replace
-
-        return replace(config, **kwargs)
-    return config if config is not None else DecodeConfig(**kwargs)
 
 
 END_OF_TURN_TOKENS = ("<|endoftext|>", "<|eot_id|>", "<|im_end|>")  # LLaDA, LLaDA-Instruct, Dream-Instruct
@@ -123,34 +124,27 @@ def generate(
     Decoding options (``gen_length``, ``block_length``, ``steps``, ``temperature``, ``top_p``, ``top_k``, ``seed``,
     ``stop_at_eos``, ``cfg_scale``) come as keywords or as a ``DecodeConfig``.
     """
-    cfg = _config(config, config_kwargs)
-    smp = get_sampler(sampler, sampler_options)
-    pol = get_cache(cache, cache_options)
-    block = cfg.block_length or (min(32, cfg.gen_length) if smp.blockwise else cfg.gen_length)
-    if block > cfg.gen_length:
-        raise ValueError(f"block_length ({block}) must be <= gen_length ({cfg.gen_length})")
-    if cfg.gen_length % block:
-        raise ValueError(f"gen_length ({cfg.gen_length}) must be a multiple of block_length ({block})")
-    num_blocks = cfg.gen_length // block
-    smp.check(cfg, num_blocks)
-    pol.check(cfg, smp, model)
-
     rows = encode_prompts(prompts, tokenizer, chat)
+    req = check_request(
+        ModelFacts.of_model(model),
+        rows,
+        sampler=sampler,
+        sampler_options=sampler_options,
+        cache=cache,
+        cache_options=cache_options,
+        config=config,
+        **config_kwargs,
+    )
+    cfg, smp, pol, block, num_blocks = req.config, req.sampler, req.cache, req.block_length, req.num_blocks
+    smp, cfg = smp.with_defaults(cfg, model.sampling_defaults)  # unset options: the sampler's reference defaults
     mask_id = model.mask_token_id
     pad_id = getattr(model.config, "pad_token_id", None)
     eos = _eos_ids(model, tokenizer)
     if pad_id is None:
         pad_id = eos[0] if eos else 0
     device = next(model.parameters()).device
-    vocab = model.get_input_embeddings().weight.shape[0]
     canvas, valid, positions, p = build_canvas(
-        rows,
-        gen_length=cfg.gen_length,
-        mask_id=mask_id,
-        pad_id=pad_id,
-        vocab_size=vocab,
-        max_length=model.max_sequence_length,
-        device=device,
+        rows, gen_length=cfg.gen_length, mask_id=mask_id, pad_id=pad_id, device=device
     )
     b, t = canvas.shape
     gen = torch.Generator(device=device)
@@ -364,6 +358,7 @@ def _output(state, rows, tokenizer, smp, pol, store, refreshes, seconds, trace) 
         refreshes=refreshes,
         sampler=describe(smp),
         cache=describe(pol),
+        config=dataclasses.asdict(state.config) | {"block_length": state.block_length},
         trace=state.trace if trace else None,
         scratch=state.scratch,
     )

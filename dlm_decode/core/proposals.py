@@ -19,7 +19,8 @@ import torch
 
 
 def top_k_filter(logits: torch.Tensor, k: int | None) -> torch.Tensor:
-    if k is None or k >= logits.shape[-1]:
+    """Keep the ``k`` highest logits (ties at the k-th kept, as Dream's ``top_k_logits``); None or 0: all."""
+    if not k or k >= logits.shape[-1]:
         return logits
     kth = torch.topk(logits, k, dim=-1).values[..., -1:]
     return logits.masked_fill(logits < kth, float("-inf"))

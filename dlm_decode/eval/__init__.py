@@ -17,12 +17,20 @@ from __future__ import annotations
 
 from typing import Any
 
-from dlm_decode.eval.answers import Generation
+from dlm_decode.eval.answers import Generation, StatsTask
 from dlm_decode.eval.lm import DLMDecodeLM
 from dlm_decode.eval.options import EvalOptions, parse_model_args
 from dlm_decode.eval.tasks import TASKS_DIR
 
-__all__ = ["TASKS_DIR", "DLMDecodeLM", "EvalOptions", "Generation", "parse_model_args", "task_manager"]
+__all__ = [
+    "TASKS_DIR",
+    "DLMDecodeLM",
+    "EvalOptions",
+    "Generation",
+    "StatsTask",
+    "parse_model_args",
+    "task_manager",
+]
 
 
 def task_manager(

@@ -1,9 +1,12 @@
-"""Answers of ``generate_until``: cutting at ``until`` strings, per-request statistics, and the JSONL they go to.
+"""Answers of ``generate_until``: cutting at ``until`` strings, per-request statistics, and where they go.
 
-lm-eval 0.4.13 builds each logged sample from the request, the raw and filtered responses and the task's metrics;
-a model cannot add fields. So an answer is a :class:`Generation`, a ``str`` that also carries ``.stats``: it
-compares, filters and serializes as plain text, and tasks that know about it (the shipped ones) turn the statistics
-into per-sample metrics. The same records are kept on the model and appended to ``stats_path`` as JSONL.
+Answers go back to lm-eval as plain ``str``: lm-eval 0.4.13's ``Task.process_results`` casts each gold answer with
+``type(result)(gold)``, so any other type breaks ordinary tasks. lm-eval also gives a model no way to add fields to
+logged samples, so the statistics travel beside the text: the model keeps every record (``lm.request_stats``,
+``stats_path`` JSONL) and attaches each request's records to lm-eval's request object (:func:`attach_stats`), the
+one thing both the model and the task see. Tasks built on :class:`StatsTask` (the shipped generate_until tasks)
+hand their ``process_results`` a :class:`Generation` (the text plus ``.stats``) and report ``nfe`` and
+``tokens_per_step`` per sample; every other task sees plain text.
 """
 
 from __future__ import annotations
@@ -12,19 +15,61 @@ import json
 from pathlib import Path
 from typing import Any
 
+from lm_eval.api.task import ConfigurableTask
+
+STATS_ATTR = "dlm_decode_stats"  # attribute of lm-eval's Instance: one statistics record per response, in order
+
 
 class Generation(str):
-    """A generated answer that carries its decoding statistics (``.stats``); compares and serializes as text."""
+    """An answer with its decoding statistics (``.stats``; empty when unknown) as a :class:`StatsTask` hands it to
+    ``process_results``; compares and serializes as text. ``Generation(text)`` works, so lm-eval's gold cast does."""
 
     stats: dict[str, Any]
 
-    def __new__(cls, text: str, stats: dict[str, Any]) -> Generation:
+    def __new__(cls, text: str, stats: dict[str, Any] | None = None) -> Generation:
         obj = super().__new__(cls, text)
-        obj.stats = stats
+        obj.stats = dict(stats or {})
         return obj
 
-    def __reduce__(self):  # pickling (lm-eval's response cache) keeps the statistics
+    def __reduce__(self):  # pickling (gathering logged samples across ranks) keeps the statistics
         return (Generation, (str(self), self.stats))
+
+
+def attach_stats(request: Any, stats: dict[str, Any]) -> None:
+    """Record the statistics of one response on lm-eval's request (a request repeated K times gets K records, in the
+    order of its responses)."""
+    records = getattr(request, STATS_ATTR, None)
+    if records is None:
+        records = []
+        setattr(request, STATS_ATTR, records)
+    records.append(stats)
+
+
+def stats_of(request: Any) -> list[dict[str, Any]]:
+    """The statistics records :func:`attach_stats` left on a request (empty for cached or foreign answers)."""
+    return list(getattr(request, STATS_ATTR, None) or [])
+
+
+class StatsTask(ConfigurableTask):
+    """A YAML task (``class: !function dlm_decode.eval.answers.StatsTask``) whose ``process_results`` receives each
+    filtered answer as a :class:`Generation` carrying the statistics of the response it came from."""
+
+    def __init__(self, config: dict | None = None, **kwargs: Any) -> None:
+        config = dict(config or {})
+        config.pop("class", None)  # lm-eval hands the YAML's ``class`` key to the constructor as config
+        super().__init__(config=config, **kwargs)
+
+    def apply_filters(self) -> Any:
+        out = super().apply_filters()
+        for inst in self.instances:
+            records = stats_of(inst)
+            if not records:
+                continue
+            for key, resp in inst.filtered_resps.items():
+                if isinstance(resp, str) and not isinstance(resp, Generation):
+                    i = inst.resps.index(resp) if resp in inst.resps else 0  # the response it came from
+                    inst.filtered_resps[key] = Generation(resp, records[min(i, len(records) - 1)])
+        return out
 
 
 def cut_answer(row: Any, until: list[str], tokenizer: Any, mask_id: int) -> str:

@@ -13,11 +13,12 @@ Monte Carlo ELBO of :mod:`dlm_decode.eval.likelihood`. ``loglikelihood_rolling``
 ``max_length - 1`` tokens and scores each window as the continuation of one prefix token (BOS, else EOS); windows are
 independent (no context carried across), so long-document perplexity is an upper bound from the ELBO.
 
-lm-eval 0.4.13 has no hook for a model to add fields to logged samples. Statistics therefore live in
-``lm.request_stats`` (one dict per generate request), in ``stats_path`` as JSONL (``dlm-decode eval`` sets it next to
-``--output_path``), in ``results["config"]["dlm_decode"]`` (summary, via ``get_model_info``), and on each answer:
-answers are ``str`` subclasses with a ``stats`` attribute, which the shipped tasks turn into ``nfe`` and
-``tokens_per_step`` metrics (per sample in the logged samples, averaged in the results table).
+Answers are plain ``str`` (lm-eval casts gold answers to the answer's type). lm-eval 0.4.13 has no hook for a model
+to add fields to logged samples, so statistics live in ``lm.request_stats`` (one dict per generate request), in
+``stats_path`` as JSONL (``dlm-decode eval`` sets it next to ``--output_path``), in ``results["config"]["dlm_decode"]``
+(summary, via ``get_model_info``), and on lm-eval's request objects, from which the shipped tasks
+(:class:`dlm_decode.eval.answers.StatsTask`) report ``nfe`` and ``tokens_per_step`` metrics (per sample in the logged
+samples, averaged in the results table).
 """
 
 from __future__ import annotations
@@ -35,9 +36,9 @@ from tqdm.auto import tqdm
 from dlm_decode.cache import get_cache
 from dlm_decode.core.loop import generate
 from dlm_decode.eval import likelihood
-from dlm_decode.eval.answers import Generation, answer_stats, append_jsonl, cut_answer
-from dlm_decode.eval.options import EvalOptions, decode_config, describe, parse_model_args
-from dlm_decode.models.loading import load_model
+from dlm_decode.eval.answers import answer_stats, append_jsonl, attach_stats, cut_answer
+from dlm_decode.eval.options import EvalOptions, check_decoding, decode_config, describe, parse_model_args
+from dlm_decode.models.loading import load_model, model_facts
 from dlm_decode.samplers import get_sampler
 
 log = logging.getLogger(__name__)
@@ -115,6 +116,7 @@ class DLMDecodeLM(LM):
         else:
             target = opts.device or _harness_device(device)
         if model is None:
+            check_decoding(opts, model_facts(opts.pretrained))  # config.json against model_args, before the weights
             model, loaded_tok = load_model(opts.pretrained, dtype=opts.dtype, device=target)
             tokenizer = tokenizer if tokenizer is not None else loaded_tok
         else:
@@ -291,8 +293,8 @@ class DLMDecodeLM(LM):
                 "dlm_decode: decoding comes from model_args; ignored task gen_kwargs: %s",
                 ", ".join(sorted(ignored)),
             )
-        out: list[Any] = [None] * len(requests)
-        records = []
+        out: list[str] = [""] * len(requests)
+        records: list[dict[str, Any]] = [{}] * len(requests)  # in request order
         bar = self._bar(len(requests), "generate_until", disable_tqdm)
         groups: dict[int, list[Any]] = {}
         for it in items:
@@ -315,11 +317,12 @@ class DLMDecodeLM(LM):
                     index, ids, until, _, req = it
                     text = cut_answer(row, until, self.tokenizer, self.model.mask_token_id)
                     stats = answer_stats(req, row, res, j, len(ids), gen_length)
-                    out[index] = Generation(text, stats)
-                    records.append(stats)
+                    out[index], records[index] = str(text), stats
                     self.cache_hook.add_partial("generate_until", req.args, text)
                 bar.update(len(chunk))
         bar.close()
+        for req, stats in zip(requests, records, strict=True):  # a repeated request's records line up with its
+            attach_stats(req, stats)  # responses
         self.request_stats.extend(records)
         if self.options.stats_path and records:
             append_jsonl(self.options.stats_path, records, self.rank, self.world_size)

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from dlm_decode.core.config import DecodeConfig
+from dlm_decode.core.inputs import ModelFacts
+from dlm_decode.core.request import check_request
 from dlm_decode.models.loading import DTYPES
 from dlm_decode.options import build
 
@@ -122,9 +124,6 @@ def parse_model_args(args: dict[str, Any]) -> EvalOptions:
         raise ValueError(f"model_args: dtype must be one of {', '.join(DTYPES)}, got {opts.dtype!r}")
     if not 0.0 <= opts.sampling_eps < 1.0:
         raise ValueError(f"model_args: sampling_eps must be in [0, 1), got {opts.sampling_eps}")
-    g, bl = opts.gen_length, opts.block_length
-    if g is not None and bl is not None and (bl > g or g % bl):
-        raise ValueError(f"model_args: gen_length ({g}) must be a multiple of block_length ({bl}) and >= it")
     check_decoding(opts)
     return opts
 
@@ -143,14 +142,22 @@ def decode_config(opts: EvalOptions, gen_length: int) -> DecodeConfig:
     )
 
 
-def check_decoding(opts: EvalOptions) -> None:
-    """Resolve sampler and cache and build the decoding config once, so a typo fails before loading."""
+def check_decoding(opts: EvalOptions, facts: ModelFacts | None = None) -> None:
+    """What model_args (and the model's ``facts``, read from config.json before loading) decide, checked by
+    ``check_request``; without gen_length (each task decides it) only the sampler, cache and sampling options."""
     from dlm_decode.cache import get_cache
     from dlm_decode.samplers import get_sampler
 
-    get_sampler(opts.sampler, opts.sampler_options)
-    get_cache(opts.cache, opts.cache_options)
-    decode_config(opts, opts.gen_length or opts.block_length or 32)
+    try:
+        if opts.gen_length is not None:
+            kw = dict(sampler_options=opts.sampler_options, cache=opts.cache, cache_options=opts.cache_options)
+            check_request(facts, sampler=opts.sampler, config=decode_config(opts, opts.gen_length), **kw)
+        else:
+            get_sampler(opts.sampler, opts.sampler_options)
+            get_cache(opts.cache, opts.cache_options)
+            decode_config(opts, opts.block_length or 32)
+    except ValueError as e:
+        raise ValueError(f"model_args: {e}") from None
 
 
 def describe(opts: EvalOptions) -> dict[str, Any]:

@@ -4,7 +4,7 @@ from transformers import AutoConfig, AutoModel, AutoModelForMaskedLM
 
 from dlm_decode.models.dream import DreamConfig, DreamModel
 from dlm_decode.models.llada import LLaDAConfig, LLaDAModelLM
-from dlm_decode.models.loading import DEMO_MODELS, load_model, resolve_model_path
+from dlm_decode.models.loading import DEMO_MODELS, demo_model_path, load_model, resolve_model_path
 
 for _cfg, _model in ((LLaDAConfig, LLaDAModelLM), (DreamConfig, DreamModel)):
     AutoConfig.register(_cfg.model_type, _cfg, exist_ok=True)
@@ -20,6 +20,7 @@ __all__ = [
     "DreamModel",
     "LLaDAConfig",
     "LLaDAModelLM",
+    "demo_model_path",
     "load_model",
     "resolve_model_path",
 ]

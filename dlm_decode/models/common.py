@@ -12,7 +12,7 @@ subset of canvas slots (optionally reading and writing an external K/V store), a
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -118,6 +118,14 @@ class DiffusionLMMixin:
     @property
     def max_sequence_length(self) -> int:
         raise NotImplementedError
+
+    @property
+    def sampling_defaults(self) -> dict[str, Any]:
+        """Options (``DecodeConfig`` or sampler field names) the model's own reference generate takes from the
+        checkpoint when its caller leaves them unset; samplers that re-state that generate fill their unset (None)
+        options from here. Empty by default: LLaDA's ``generate()`` reads nothing from a checkpoint (neither
+        config.json nor generation_config.json). Dream overrides it (``diffusion_generate``'s top-k 50, ...)."""
+        return {}
 
     def kv_shape(self) -> tuple[int, int, int]:
         """(n_layers, n_kv_heads, head_dim) for preallocating a K/V store."""

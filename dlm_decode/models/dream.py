@@ -5,9 +5,19 @@ the official *unshifted* logits (hidden i scores token i+1), taking either a 2D 
 pairwise mask. Decoding goes through ``denoise``, which applies Dream's shift (``logit_shift = 1``) so that
 samplers always see ``logits[i]`` predicting slot ``i``. RoPE follows HF Qwen2: fp32 tables cast to the model
 dtype, rotation in the model dtype.
+
+``sampling_defaults`` is what the official ``diffusion_generate`` samples with when its caller leaves an option
+unset. Its ``_prepare_generation_config`` builds ``DreamGenerationConfig.from_model_config(model.config)``: the
+model's *config.json* (never ``generation_config.json``), read by transformers 4.x (which the reference needs), whose
+``PretrainedConfig`` fills every absent generation key with its global default (``top_k`` 50, ``top_p`` 1.0,
+``temperature`` 1.0); keys whose value is null are dropped, leaving ``DreamGenerationConfig``'s own defaults
+(``top_k``/``top_p``/``alg_temp`` None, ``eps`` 1e-3). So an official checkpoint decodes with top-k 50 unless the
+caller says otherwise. transformers 5 drops those keys from a config, so ``DreamConfig`` keeps them itself.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 from torch import nn
@@ -15,6 +25,11 @@ from transformers import PretrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import MaskedLMOutput
 
 from dlm_decode.models.common import DiffusionLMMixin, RMSNorm, rope_cos_sin, self_attention
+
+#: config.json keys the reference ``diffusion_generate`` takes as sampling defaults (``DreamGenerationConfig`` fields)
+REFERENCE_SAMPLING_KEYS = ("temperature", "top_p", "top_k", "alg_temp", "eps")
+#: what a transformers 4.x ``PretrainedConfig`` holds for those keys when config.json leaves them out
+TRANSFORMERS4_CONFIG_DEFAULTS = {"temperature": 1.0, "top_p": 1.0, "top_k": 50}
 
 
 class DreamConfig(PretrainedConfig):
@@ -49,6 +64,8 @@ class DreamConfig(PretrainedConfig):
         if rope_scaling is not None:
             kwargs["rope_scaling"] = rope_scaling
         self.mask_token_id, self.attention_dropout = mask_token_id, attention_dropout
+        # as written in config.json (transformers 5 would drop them); ``to_dict`` writes them back unchanged
+        self.reference_sampling = {k: kwargs.pop(k) for k in REFERENCE_SAMPLING_KEYS if k in kwargs}
         super().__init__(
             pad_token_id=pad_token_id,
             bos_token_id=bos_token_id,
@@ -56,6 +73,19 @@ class DreamConfig(PretrainedConfig):
             tie_word_embeddings=tie_word_embeddings,
             **kwargs,
         )
+
+    def to_dict(self) -> dict[str, Any]:
+        out = super().to_dict()
+        out.update(out.pop("reference_sampling", None) or {})  # back under their own config.json names
+        return out
+
+    def sampling_defaults(self) -> dict[str, Any]:
+        """The options ``diffusion_generate`` fills in for a caller that leaves them unset (see the module
+        docstring): ``top_k``, ``top_p`` and, where config.json sets them, ``alg_temp`` and ``eps``; None means the
+        reference's own default (no filter; the sampler's ``eps``). ``temperature`` is left out on purpose:
+        dlm_decode's temperature is never unset (default 0, greedy), while the reference's would be 1.0 here."""
+        given = TRANSFORMERS4_CONFIG_DEFAULTS | self.reference_sampling
+        return {k: v for k, v in given.items() if k != "temperature"}
 
     def check_supported(self) -> None:
         wrong = []
@@ -158,6 +188,10 @@ class DreamModel(DiffusionLMMixin, PreTrainedModel):
     @property
     def max_sequence_length(self) -> int:
         return int(self.config.max_position_embeddings)
+
+    @property
+    def sampling_defaults(self) -> dict[str, Any]:
+        return self.config.sampling_defaults()
 
     def kv_shape(self) -> tuple[int, int, int]:
         c = self.config

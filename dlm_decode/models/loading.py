@@ -1,15 +1,21 @@
 """Loading checkpoints by path or shipped demo name, with early, specific errors.
 
 Weights load from safetensors only (``use_safetensors=True``): a directory holding only ``pytorch_model.bin`` is
-refused rather than unpickled.
+refused rather than unpickled. Before any weight is read, ``config.json`` is parsed and the model is built on the
+meta device (no memory); ``model_facts`` stops there, so entry points check a decoding request against the
+checkpoint first. ``load_model`` then checks every safetensors header against that model: a damaged file, and
+missing, unexpected or differently shaped tensors, are errors naming the file, never randomly initialised weights.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
+from typing import Any
 
 import torch
+
+from dlm_decode.core.files import check_shapes, read_json_object, safetensors_shapes
+from dlm_decode.core.inputs import ModelFacts
 
 DEMO_DIR = Path(__file__).resolve().parent.parent / "demo_models"
 DEMO_MODELS = ("demo-llada", "demo-dream")
@@ -49,6 +55,92 @@ def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
     return DTYPES[dtype]
 
 
+def demo_model_path(name: str = "demo-llada") -> Path:
+    """The directory of a shipped demo model inside the installed package, from any working directory:
+    ``AutoModel.from_pretrained(demo_model_path("demo-llada"))`` works once ``dlm_decode`` is imported."""
+    if name not in DEMO_MODELS:
+        raise ValueError(f"unknown demo model {name!r}; shipped demo models: {', '.join(DEMO_MODELS)}")
+    path = DEMO_DIR / name
+    if not path.is_dir():
+        raise FileNotFoundError(f"demo model {name!r} is not shipped in this install (looked in {path})")
+    return path
+
+
+def check_device(device: str | torch.device, what: str = "device") -> torch.device:
+    """``device`` as a torch device that exists here; ``what`` names the option in the error (``--device``)."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"{what} {str(device)!r} is not a torch device (cpu, cuda, cuda:N, mps)") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        why = "this torch build has no CUDA" if torch.version.cuda is None else "no CUDA GPU is visible"
+        raise ValueError(f"{what} {str(device)!r}: CUDA is not available here ({why}); use {what} cpu")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise ValueError(f"{what} {str(device)!r}: only {torch.cuda.device_count()} CUDA device(s) are visible")
+    if dev.type == "mps" and not torch.backends.mps.is_available():
+        raise ValueError(f"{what} {str(device)!r}: MPS is not available here; use {what} cpu")
+    return dev
+
+
+def read_config(path: Path) -> Any:
+    """``config.json`` of a checkpoint directory -> its registered transformers config (JSON and model_type
+    checked, with errors naming the file)."""
+    from transformers import AutoConfig
+
+    import dlm_decode.models  # noqa: F401  (registers the Auto classes)
+    from dlm_decode.models import SUPPORTED_MODEL_TYPES
+
+    model_type = read_json_object(path / "config.json", "model config").get("model_type")
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise ValueError(
+            f"{path}: config model_type {model_type!r} is not supported; supported: {SUPPORTED_MODEL_TYPES}"
+        )
+    return AutoConfig.from_pretrained(path)
+
+
+def empty_model(config: Any) -> Any:
+    """The model ``config`` describes, built on the meta device: parameter names, shapes and facts, no memory."""
+    from transformers import AutoModel
+
+    with torch.device("meta"):
+        return AutoModel.from_config(config)
+
+
+def model_facts(name_or_path: str | Path) -> ModelFacts:
+    """What ``config.json`` decides about decoding (vocabulary, MASK id, maximum length), read without weights."""
+    return ModelFacts.of_model(empty_model(read_config(resolve_model_path(name_or_path))))
+
+
+def load_tokenizer(name_or_path: str | Path) -> Any | None:
+    """The checkpoint's tokenizer (from its tokenizer files alone), or None when it ships none."""
+    from transformers import AutoTokenizer
+
+    path = resolve_model_path(name_or_path)
+    if any((path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
+        return AutoTokenizer.from_pretrained(path)
+    return None
+
+
+def check_weights(path: Path, model: Any) -> None:
+    """Every safetensors header of ``path`` against ``model``'s parameters (names and shapes), no tensor read."""
+    index = path / "model.safetensors.index.json"
+    if (path / "model.safetensors").is_file():
+        files, where = [path / "model.safetensors"], str(path / "model.safetensors")
+    else:
+        weight_map = read_json_object(index, "checkpoint index").get("weight_map")
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise ValueError(f"{index}: the checkpoint index has no weight_map (tensor name -> shard file)")
+        files, where = [path / f for f in sorted(set(map(str, weight_map.values())))], f"the shards of {index}"
+        for f in files:
+            if not f.is_file():
+                raise FileNotFoundError(f"{index} lists the shard {f.name}, which is not in {path}")
+    found: dict[str, tuple[int, ...]] = {}
+    for f in files:
+        found |= safetensors_shapes(f, "checkpoint weights")
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    check_shapes(found, expected, where, f"{path / 'config.json'}")
+
+
 def load_model(
     name_or_path: str | Path,
     *,
@@ -57,19 +149,12 @@ def load_model(
     tokenizer: bool = True,
 ):
     """Load (model, tokenizer or None) from a checkpoint directory or a demo name; the model is in eval mode."""
-    from transformers import AutoModel, AutoTokenizer
+    from transformers import AutoModel
 
-    import dlm_decode.models  # noqa: F401  (registers the Auto classes)
-    from dlm_decode.models import SUPPORTED_MODEL_TYPES
-
+    check_device(device)
     path = resolve_model_path(name_or_path)
-    model_type = json.loads((path / "config.json").read_text()).get("model_type")
-    if model_type not in SUPPORTED_MODEL_TYPES:
-        raise ValueError(
-            f"{path}: config model_type {model_type!r} is not supported; supported: {SUPPORTED_MODEL_TYPES}"
-        )
-    model = AutoModel.from_pretrained(path, dtype=parse_dtype(dtype), use_safetensors=True).to(device).eval()
-    tok = None
-    if tokenizer and any((path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
-        tok = AutoTokenizer.from_pretrained(path)
-    return model, tok
+    config = read_config(path)
+    torch_dtype = parse_dtype(dtype)
+    check_weights(path, empty_model(config))
+    model = AutoModel.from_pretrained(path, config=config, dtype=torch_dtype, use_safetensors=True).to(device).eval()
+    return model, (load_tokenizer(path) if tokenizer else None)

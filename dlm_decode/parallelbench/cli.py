@@ -8,7 +8,12 @@
 
 The decoding flags are ``generate``'s (same parser); ``--gen-length`` defaults to each task's budget. ``--json`` prints
 one JSON object last: ``{"tasks": [{"task", "n", "score", "score_strict", "nfe", "tokens_per_step", "seconds",
-"tokens_per_second", "oracle_nfe", "nfe_ratio", "sampler", "cache", ...}], "summary", "skipped", ...}``.
+"tokens_per_second", "threads", "oracle_nfe", "nfe_ratio", "sampler", "cache", ...}], "summary", "skipped", ...}``.
+
+A progress bar per task (per (config, task) run in sweeps) goes to stderr. Timings are taken with ``--threads``
+torch threads (default 1, as in ``demo``: on a busy 2-core machine torch's default ran 24x slower), recorded as
+``threads`` in every result. Ctrl-C stops at once (exit 130): the task being decoded is dropped, the finished ones
+are printed (a sweep's rows are already in its JSONL, and a rerun resumes there).
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object last")
     p.add_argument("--outputs", action="store_true", help="with --json: include every sample's text, score, NFE")
     p.add_argument("--list-tasks", action="store_true", help="list the tasks of --data and exit")
-    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1, as in demo)")
     g = p.add_argument_group("sweeps")
     g.add_argument("--sweep", default=None, metavar="GRID", help="grid name (paper, quick) or JSON grid file")
     g.add_argument("--out", default=None, help="sweep JSONL (resumed when it exists); plots are written beside it")
@@ -61,13 +66,22 @@ def _load(args: argparse.Namespace):
     import dlm_decode
 
     def load():
-        if args.threads:
-            import torch
-
-            torch.set_num_threads(args.threads)
         return dlm_decode.load_model(args.model, dtype=args.dtype, device=args.device)
 
     return load
+
+
+def _check_before_loading(args: argparse.Namespace, kw: dict[str, Any], tasks) -> None:
+    """The decoding flags against config.json and every scored task's prompts (tokenizer files only), so a bad
+    configuration fails before any weight is read."""
+    from dlm_decode.models.loading import load_tokenizer, model_facts
+    from dlm_decode.parallelbench.runner import check_task_kwargs, task_kwargs
+
+    facts, tok = model_facts(args.model), load_tokenizer(args.model)
+    if tok is None:
+        raise ValueError(f"{args.model} ships no tokenizer: ParallelBench needs one for its chat prompts")
+    for t in tasks:
+        check_task_kwargs(task_kwargs(kw, t.name), t, facts, tok)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -78,13 +92,20 @@ def run(args: argparse.Namespace) -> int:
             print(f"{name}: {path}")
         return 0
     if args.list_tasks:
-        from dlm_decode.parallelbench.runner import require_data_dir
-        from dlm_decode.parallelbench.tasks import list_tasks
+        from dlm_decode.parallelbench.runner import require_data_dir, task_names
 
-        print("\n".join(list_tasks(require_data_dir(args.data))))
+        print("\n".join(task_names(require_data_dir(args.data))))
         return 0
     if args.batch_size < 1:
         raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
+    if args.threads < 1:
+        raise ValueError(f"--threads must be >= 1, got {args.threads}")
+    import torch
+
+    from dlm_decode.models.loading import check_device
+
+    check_device(args.device, "--device")
+    torch.set_num_threads(args.threads)
     kw = decoding_kwargs(args)
     if kw["sampler"] != "oracle":
         check_components(kw)
@@ -95,14 +116,27 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_once(args: argparse.Namespace, kw: dict[str, Any], tasks) -> int:
-    from dlm_decode.parallelbench.runner import format_table, run_benchmark, summarize
+    from dlm_decode.parallelbench.runner import Interrupted, run_benchmark
 
+    _check_before_loading(args, kw, tasks)
     model, tok = _load(args)()
-    if tok is None:
-        raise ValueError(f"{args.model} ships no tokenizer: ParallelBench needs one for its chat prompts")
-    results = run_benchmark(
-        model, tok, tasks, kw, batch_size=args.batch_size, oracle=args.oracle, progress=sys.stderr.isatty()
-    )
+    try:
+        results = run_benchmark(model, tok, tasks, kw, batch_size=args.batch_size, oracle=args.oracle, progress=True)
+    except Interrupted as e:
+        _report(args, kw, e.results, interrupted=True)
+        print(
+            f"dlm-decode parallelbench: interrupted after {len(e.results)} of {len(tasks)} tasks (the task being "
+            "decoded was dropped); the finished ones are above",
+            file=sys.stderr,
+        )
+        return 130
+    _report(args, kw, results)
+    return 0
+
+
+def _report(args: argparse.Namespace, kw: dict[str, Any], results, interrupted: bool = False) -> None:
+    from dlm_decode.parallelbench.runner import format_table, summarize
+
     for r in results:
         if r.skipped:
             _notice(f"{r.task} not scored (skipped): {r.skipped}")
@@ -119,9 +153,9 @@ def _run_once(args: argparse.Namespace, kw: dict[str, Any], tasks) -> int:
                     "skipped": {r.task: r.skipped for r in results if r.skipped},
                     "summary": summarize(results),
                 }
+                | ({"interrupted": True} if interrupted else {})
             )
         )
-    return 0
 
 
 def _source(args: argparse.Namespace) -> str:
@@ -132,25 +166,48 @@ def _source(args: argparse.Namespace) -> str:
 
 
 def _run_sweep(args: argparse.Namespace, kw: dict[str, Any], tasks) -> int:
-    from dlm_decode.parallelbench.sweep import attach_oracle, expand_grid, format_sweep, load_grid, pbx, run_sweep
+    from dlm_decode.parallelbench.runner import Interrupted
+    from dlm_decode.parallelbench.sweep import (
+        attach_oracle,
+        check_out,
+        expand_grid,
+        format_sweep,
+        load_grid,
+        pbx,
+        run_sweep,
+    )
 
     if not args.out:
         raise ValueError("--sweep needs --out FILE.jsonl (rows are appended there and a rerun resumes)")
+    check_out(args.out, "--out")
+    names = [t.name for t in tasks]
+    if args.plot_task is not None and args.plot_task not in names:
+        raise ValueError(
+            f"--plot-task {args.plot_task!r} is not a task of this run; tasks of this run: {', '.join(names)}"
+        )
     base = {k: v for k, v in kw.items() if k not in ("sampler", "sampler_options", "steps", "block_length")}
     configs = expand_grid(load_grid(args.sweep), base)
+    _check_before_loading(args, base, tasks)
     meta = {"model": str(args.model), "source": _source(args), "limit": args.limit}
-    progress = sys.stderr.isatty()
-    rows = run_sweep(
-        _load(args),
-        tasks,
-        configs,
-        args.out,
-        base=base,
-        meta=meta,
-        batch_size=args.batch_size,
-        notice=_notice,
-        progress=progress,
-    )
+    try:
+        rows = run_sweep(
+            _load(args),
+            tasks,
+            configs,
+            args.out,
+            base=base,
+            meta=meta,
+            batch_size=args.batch_size,
+            notice=_notice,
+            progress=True,
+        )
+    except Interrupted as e:
+        print(
+            f"dlm-decode parallelbench: interrupted: {len(e.results)} rows in {e.path} (the task being decoded was "
+            "dropped); rerun the same command to resume",
+            file=sys.stderr,
+        )
+        return 130
     rows = attach_oracle(rows)
     print(format_sweep(rows))
     plots = {}

@@ -6,10 +6,12 @@
 * **score vs tokens per step**, one panel per task, one line per method (rule family x block length x cache; its
   options vary along the line), the per-sample oracle as a bound (a star at its tokens per step and score, and a
   dotted vertical line: no decoding of that model can be more parallel on average and still give those answers);
-* **Pareto frontier** of mean score over tasks against throughput (generated tokens per second of decoding), every
-  config a point, the frontier as a step line (the oracle is left out: it needs the answer);
+* **Pareto frontier** of mean score over tasks against throughput (generated tokens per second of decoding, with the
+  torch thread count of the timings in the axis label), every config a point, the frontier as a step line (the
+  oracle is left out: it needs the answer);
 * **decoding order** of one sample: for each config, the step at which each generation slot was committed (from
-  ``generate(trace=True)``), slots cut or filled without a commit in grey.
+  ``generate(trace=True)``), slots cut or filled without a commit in grey. A ``task`` without such rows is an error
+  listing the tasks that have them, raised before any file is written.
 """
 
 from __future__ import annotations
@@ -98,7 +100,9 @@ def plot_pareto(rows: list[dict[str, Any]], path: str | Path) -> Path:
             ax.annotate(s["label"], xy, fontsize=7, xytext=(4, 3), textcoords="offset points")
     ax.margins(x=0.15)
     ax.set_ylim(-3, 103)
-    ax.set_xlabel("throughput (generated tokens / s of decoding)")
+    threads = sorted({str(r["threads"]) for r in rows if r.get("threads") is not None})
+    on = f", {'/'.join(threads)} torch thread{'s' if threads != ['1'] else ''}" if threads else ""
+    ax.set_xlabel(f"throughput (generated tokens / s of decoding{on})")
     ax.set_ylabel(f"mean score over {len(all_tasks)} tasks")
     ax.set_title("ParallelBench: accuracy vs speed")
     ax.grid(alpha=0.3)
@@ -112,7 +116,7 @@ def plot_decoding_order(rows: list[dict[str, Any]], path: str | Path, task: str 
 
     plt = _plt()
     rows = [r for r in rows if r.get("trace")]
-    tasks = sorted({r["task"] for r in rows})
+    tasks = check_plot_task(rows, task, str(path))
     if task is None:
         task = next((t for t in tasks if "copy" in t), tasks[0] if tasks else None)
     mine = sorted((r for r in rows if r["task"] == task), key=lambda r: (r["method"], r["tokens_per_step"]))
@@ -131,6 +135,14 @@ def plot_decoding_order(rows: list[dict[str, Any]], path: str | Path, task: str 
     return _save(fig, path)
 
 
+def check_plot_task(rows: list[dict[str, Any]], task: str | None, where: str) -> list[str]:
+    """The tasks with a decoding trace in ``rows``; a ``task`` among none of them is an error listing them."""
+    tasks = sorted({r["task"] for r in rows if r.get("trace")})
+    if task is not None and task not in tasks:
+        raise ValueError(f"plot task {task!r} has no rows with a decoding order in {where}; tasks: {', '.join(tasks)}")
+    return tasks
+
+
 def _save(fig: Any, path: str | Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -147,6 +159,7 @@ def write_plots(
     rows = attach_oracle(rows if rows is not None else read_rows(jsonl))
     if not rows:
         raise ValueError(f"{jsonl}: no rows to plot")
+    check_plot_task(rows, task, str(jsonl))  # before any file is written
     stem = jsonl.with_suffix("")
     return {
         "score_vs_parallelism": plot_score_vs_parallelism(rows, f"{stem}.score_vs_parallelism.png"),

@@ -14,7 +14,8 @@ row decodes exactly as it would alone, so batching never changes an answer). ``g
 generation is clipped to it. ``k`` (tokens per step of the fixed-budget samplers) sets ``steps = gen_length // k``
 per task. Scores come from ``score_sample`` (lenient and strict, mean x 100). NFE is the mean over samples of the
 forwards each row took part in; tokens per step is the paper's ``max_tokens / NFE`` on that mean. Text tasks whose
-metric is unavailable are not decoded: they come back with ``skipped`` set and the CLI prints a notice.
+metric is unavailable are not decoded: they come back with ``skipped`` set and the CLI prints a notice. Every result
+records the torch thread count it was timed with (``threads``): CPU timings depend on it far more than on the rule.
 
 Oracle bound (Learn2PD's "extremely greedy parallel", ALGORITHMS.md section 5): decode one token per step
 (``low_confidence``, ``steps = gen_length``, same block length, no cache, temperature 0) to get the reference ``y``;
@@ -37,6 +38,8 @@ from typing import Any, ClassVar
 import torch
 from tqdm.auto import tqdm
 
+from dlm_decode.core.inputs import ModelFacts, encode_prompts
+from dlm_decode.core.request import check_request
 from dlm_decode.core.state import DecodeState
 from dlm_decode.parallelbench.generator import generate_task, load_names, sample_key
 from dlm_decode.parallelbench.metrics import MetricUnavailable, score_sample
@@ -71,6 +74,22 @@ def require_data_dir(data_dir: str | Path | None) -> Path:
     return path
 
 
+def task_names(root: Path) -> list[str]:
+    """Every task of the data directory ``root``; a directory holding none (one level too high or too low) is an
+    error that says where the tasks are."""
+    names = list_tasks(root)
+    if names:
+        return names
+    below = sorted({str(c.parent.parent) for c in root.glob("*/*/task_config.yaml")})
+    if (root / "task_config.yaml").is_file():
+        hint = f"it holds task_config.yaml, so it is one task group; pass its parent {str(root.parent)!r}"
+    elif below:
+        hint = "the task groups lie one level down; pass " + " or ".join(repr(b) for b in below)
+    else:
+        hint = "a data directory holds <group>/task_config.yaml and <group>/<task>.jsonl files"
+    raise ValueError(f"no ParallelBench task in {str(root)!r}: {hint}")
+
+
 def task_seed(seed: int, name: str) -> int:
     """One seed per task derived from a run seed (stable across Python versions and processes)."""
     return int(hashlib.sha256(f"{seed}:{name}".encode()).hexdigest()[:12], 16)
@@ -91,10 +110,11 @@ def load_tasks(
     ``exclude_official`` skips any generated sample whose input equals an official test sample's.
     """
     root = require_data_dir(data_dir)
+    available = task_names(root)
     if generate_seed is None:
-        return [load_task(root, n, limit) for n in (names or list_tasks(root))]
+        return [load_task(root, n, limit) for n in (names or available)]
     if names is None:
-        names = [n for n in list_tasks(root) if task_kind(n) in GENERATABLE_KINDS]
+        names = [n for n in available if task_kind(n) in GENERATABLE_KINDS]
     out = []
     for name in names:
         official = load_task(root, name, limit=None if exclude_official else 0)
@@ -194,6 +214,7 @@ class TaskResult:
     seconds: float = 0.0  # decoding time of the task (all batches)
     tokens_per_second: float | None = None  # n * gen_length / seconds
     errors: int = 0  # rows that stopped with an error (scored 0)
+    threads: int | None = None  # torch intra-op threads while timing (CPU timings depend on it)
     oracle_nfe: float | None = None
     oracle_score: float | None = None
     skipped: str | None = None
@@ -228,21 +249,22 @@ def task_kwargs(decoding: dict[str, Any], task: str, k: int | None = None) -> di
     return kw
 
 
-def check_task_kwargs(kw: dict[str, Any], task: str) -> None:
-    """The checks ``generate`` makes before model work, so a bad configuration fails before any decoding."""
-    from dlm_decode.cache import get_cache
-    from dlm_decode.core.config import DecodeConfig
-    from dlm_decode.samplers import get_sampler
-
-    cfg = DecodeConfig(**{f.name: kw[f.name] for f in dataclasses.fields(DecodeConfig) if f.name in kw})
-    get_cache(kw.get("cache"), kw.get("cache_options"))
+def check_task_kwargs(
+    kw: dict[str, Any], task: Task | str, facts: ModelFacts | None = None, tokenizer: Any = None
+) -> None:
+    """The checks ``generate`` makes (``check_request``), so a bad configuration fails before any decoding. Given the
+    model's ``facts`` and ``tokenizer``, a scored task's prompts are checked too (vocabulary, length with its
+    gen_length). Errors start with the task name."""
+    name = task if isinstance(task, str) else task.name
     if kw.get("sampler") == "oracle" and "oracle" not in SAMPLERS:
-        return
-    smp = get_sampler(kw.get("sampler", "low_confidence"), kw.get("sampler_options"))
-    block = cfg.block_length or (min(32, cfg.gen_length) if smp.blockwise else cfg.gen_length)
-    if cfg.gen_length % block:
-        raise ValueError(f"{task}: gen_length ({cfg.gen_length}) must be a multiple of block_length ({block})")
-    smp.check(cfg, cfg.gen_length // block)
+        kw = reference_kwargs(kw)  # the oracle's own sampler is built per batch; its reference decode is checked
+    rows = None
+    if facts is not None and tokenizer is not None and isinstance(task, Task) and skip_reason(task) is None:
+        rows = encode_prompts([task.messages(i) for i in range(len(task))], tokenizer, chat=True)
+    try:
+        check_request(facts, rows, **kw)
+    except ValueError as e:
+        raise ValueError(f"{name}: {e}") from None
 
 
 def _is_reference(kw: dict[str, Any]) -> bool:
@@ -288,7 +310,7 @@ def run_task(
     errors, seconds = 0, 0.0
     trace0 = None
     result = TaskResult(task.name, len(task), gen)
-    bar = tqdm(total=len(chats), desc=task.name, disable=not progress, leave=False)
+    bar = tqdm(total=len(chats), desc=task.name, unit="sample", disable=not progress)
     for b0 in range(0, len(order), batch_size):
         idx = order[b0 : b0 + batch_size]
         batch = [chats[i] for i in idx]
@@ -330,6 +352,7 @@ def run_task(
     result.seconds = seconds
     result.tokens_per_second = n * gen / seconds if seconds > 0 else None
     result.errors = errors
+    result.threads = torch.get_num_threads()
     result.trace = trace0
     result.outputs = [{"text": texts[i], "score": scores[i]["score"], "nfe": nfe[i]} for i in range(n)]
     if as_oracle:
@@ -366,14 +389,29 @@ def run_benchmark(
     oracle: bool = False,
     progress: bool = False,
 ) -> list[TaskResult]:
-    """``run_task`` over ``tasks`` after checking the configuration against every task (fails before any work)."""
+    """``run_task`` over ``tasks`` after checking the configuration against every task (fails before any work);
+    ``progress``: one bar per task. Ctrl-C raises :class:`Interrupted` carrying the finished tasks' results."""
     for t in tasks:
-        check_task_kwargs(task_kwargs(decoding or {}, t.name, k), t.name)
-    warm_up(model, tokenizer, [t for t in tasks if skip_reason(t) is None])
-    return [
-        run_task(model, tokenizer, t, decoding, k=k, batch_size=batch_size, oracle=oracle, progress=progress)
-        for t in tasks
-    ]
+        check_task_kwargs(task_kwargs(decoding or {}, t.name, k), t, ModelFacts.of_model(model), tokenizer)
+    results: list[TaskResult] = []
+    try:
+        warm_up(model, tokenizer, [t for t in tasks if skip_reason(t) is None])
+        for t in tasks:
+            kw = dict(k=k, batch_size=batch_size, oracle=oracle, progress=progress)
+            results.append(run_task(model, tokenizer, t, decoding, **kw))
+    except KeyboardInterrupt as e:
+        raise Interrupted(results) from e
+    return results
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C during ``run_benchmark`` or ``run_sweep``; still a KeyboardInterrupt. ``results``: what finished before
+    it (``TaskResult`` objects, or a sweep's rows of this run); the task being decoded is dropped. ``path``: the
+    sweep's JSONL, where every finished row already is."""
+
+    def __init__(self, results: list[Any], path: Path | None = None) -> None:
+        super().__init__(f"interrupted after {len(results)} finished")
+        self.results, self.path = results, path
 
 
 # ------------------------------------------------------------------------------------------------ reporting
@@ -391,6 +429,7 @@ def summarize(results: list[TaskResult]) -> dict[str, Any]:
 
     seconds = sum(r.seconds for r in done)
     tokens = sum(r.n * r.gen_length for r in done)
+    threads = sorted({r.threads for r in done if r.threads is not None})
     return {
         "tasks": len(done),
         "score": mean([r.score for r in done]),
@@ -402,6 +441,7 @@ def summarize(results: list[TaskResult]) -> dict[str, Any]:
         "seconds": seconds,
         "tokens_per_second": tokens / seconds if seconds > 0 else None,
         "errors": sum(r.errors for r in done),
+        "threads": threads[0] if len(threads) == 1 else (threads or None),
     }
 
 

@@ -5,11 +5,14 @@
 A grid (``GRIDS`` or a JSON file with the same keys, or ``{"configs": [...]}`` listing configs outright) expands to
 decoding configurations as in the ParallelBench paper: fixed-budget top-k (``low_confidence`` with ``k`` tokens per
 step, i.e. ``steps = gen_length / k``), the confidence threshold (Fast-dLLM, 0.5 ... 1.0), the factor rule (0.7 ...
-1.9), each at every block length, plus the per-sample oracle bound at every block length. A config whose sampler
-is not registered is skipped with a notice; a top-k config whose ``k`` exceeds the block or does not divide a
-task's budget evenly over the blocks is left out of the grid. Rows are appended as soon as a task finishes and a
-rerun skips every (task, config) already in the file for the same model, data and limit, so a sweep resumes where it
-stopped.
+1.9), each at every block length, plus the per-sample oracle bound at every block length. Before anything is
+decoded: a grid key outside ``GRID_KEYS`` (or a config key outside ``CONFIG_KEYS``) is an error listing the known
+ones; so is a config naming an unknown sampler or cache, or an option they do not have (the valid ones are listed);
+a config that does not fit a task (a top-k ``k`` that does not divide the task's budget evenly over the blocks, ...)
+is skipped with a notice, and a grid with no config left is an error. A top-k ``k`` larger than the block is left
+out of the grid. Rows are appended as soon as a task finishes and a rerun skips every (task, config) already in the
+file for the same model, data and limit, so a sweep resumes where it stopped (Ctrl-C drops the task being decoded;
+a half-written last line is dropped with a notice).
 
 **PBx** (ALGORITHMS.md section 9): the highest average tokens per step over the configs whose mean score over all
 tasks is >= x (x in 90, 80, 70, 60; scores x 100). Only configs with a row for every task count; the oracle is a
@@ -20,11 +23,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from dlm_decode.core.files import read_json_object
 from dlm_decode.parallelbench.runner import (
+    Interrupted,
     check_task_kwargs,
     render_table,
     run_task,
@@ -48,6 +54,8 @@ GRIDS: dict[str, dict[str, Any]] = {
 }
 # grid key -> (sampler name, option name) of the adaptive rules
 ADAPTIVE = {"threshold": ("threshold", "threshold"), "factor": ("factor", "factor")}
+GRID_KEYS = ("block_lengths", "caches", "configs", "factor", "oracle", "threshold", "top_k")
+CONFIG_KEYS = ("block_length", "cache", "cache_options", "k", "label", "method", "sampler", "sampler_options", "steps")
 ROW_KEYS = ("model", "source", "limit")  # rows match a run when these agree
 
 
@@ -60,7 +68,7 @@ def load_grid(spec: str | dict[str, Any]) -> dict[str, Any]:
     path = Path(spec)
     if not path.is_file():
         raise ValueError(f"unknown sweep grid {spec!r}: give one of {', '.join(GRIDS)} or a JSON file")
-    return json.loads(path.read_text())
+    return read_json_object(path, "sweep grid")
 
 
 def _short(value: Any) -> Any:
@@ -96,7 +104,16 @@ def method_of(cfg: dict[str, Any]) -> str:
 
 
 def expand_grid(grid: dict[str, Any], base: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-    """Grid -> configs (dicts: sampler, sampler_options, block_length, k, cache, cache_options, label, method)."""
+    """Grid -> configs (dicts: sampler, sampler_options, block_length, k, cache, cache_options, label, method).
+    Unknown keys, and a grid that expands to nothing, are errors."""
+    _check_keys(grid, GRID_KEYS, "sweep grid")
+    if "configs" in grid and len(grid) > 1:
+        rest = ", ".join(sorted(set(grid) - {"configs"}))
+        raise ValueError(f"sweep grid: 'configs' lists the configs outright; drop the other key(s) {rest}")
+    for i, c in enumerate(grid.get("configs") or []):
+        _check_keys(c, CONFIG_KEYS, f"sweep grid config {i}")
+        if "sampler" not in c:
+            raise ValueError(f"sweep grid config {i} has no 'sampler'; keys: {', '.join(CONFIG_KEYS)}")
     base = dict(base or {})
     caches = grid.get("caches") or [base.get("cache") or "none"]
     configs: list[dict[str, Any]] = []
@@ -125,7 +142,17 @@ def expand_grid(grid: dict[str, Any], base: dict[str, Any] | None = None) -> lis
         c.setdefault("label", _label(c))
         c.setdefault("method", method_of(c))
         out.append(c)
+    if not out:
+        raise ValueError(f"sweep grid expands to no config: give top_k, threshold, factor, oracle or configs ({grid})")
     return out
+
+
+def _check_keys(d: Any, known: tuple[str, ...], what: str) -> None:
+    if not isinstance(d, dict):
+        raise ValueError(f"{what} must be a JSON object with keys {', '.join(known)}; got {d!r}")
+    unknown = sorted(set(d) - set(known))
+    if unknown:
+        raise ValueError(f"{what}: unknown key(s) {', '.join(unknown)}; known keys: {', '.join(known)}")
 
 
 def decoding_of(cfg: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
@@ -154,18 +181,92 @@ def usable(cfg: dict[str, Any], tasks: list[Task], base: dict[str, Any]) -> str 
     return None
 
 
-def read_rows(path: str | Path) -> list[dict[str, Any]]:
+def check_out(out: str | Path, what: str = "out") -> Path:
+    """The sweep's JSONL path; a directory is an error (``what`` names the option)."""
+    out = Path(out)
+    if out.is_dir():
+        example = str(out / "sweep.jsonl")
+        raise ValueError(f"{what} {str(out)!r} is a directory; give a JSONL file path such as {example!r}")
+    return out
+
+
+def check_config(cfg: dict[str, Any]) -> None:
+    """A config's sampler and cache resolve with their options (independent of any task); errors list the valid
+    names and options."""
+    from dlm_decode.cache import get_cache
+    from dlm_decode.samplers import get_sampler
+
+    try:
+        if cfg["sampler"] != "oracle":  # the oracle is built per batch from its reference answers
+            get_sampler(cfg["sampler"], cfg["sampler_options"])
+        get_cache(cfg["cache"], cfg["cache_options"])
+    except ValueError as e:
+        raise ValueError(f"sweep config {cfg['label']!r}: {e}") from None
+
+
+def runnable_configs(
+    configs: list[dict[str, Any]], tasks: list[Task], base: dict[str, Any], notice: Callable[[str], None]
+) -> list[dict[str, Any]]:
+    """The configs that run on every task. A bad name or option is an error (``check_config``); a config that does
+    not fit a task is skipped with a notice; no config left is an error naming why each one failed."""
+    runnable, why_not = [], []
+    for c in configs:
+        check_config(c)
+        why = usable(c, tasks, base)
+        if why is None:
+            runnable.append(c)
+        else:
+            why_not.append(f"{c['label']!r}: {why}")
+    if not runnable:
+        raise ValueError("no config of the grid runs on these tasks: " + "; ".join(why_not))
+    for why in why_not:
+        notice(f"skipping config {why}")
+    return runnable
+
+
+def _stderr_notice(msg: str) -> None:
+    print(f"notice: {msg}", file=sys.stderr)
+
+
+def read_rows(path: str | Path, notice: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
+    """The rows of a sweep JSONL. A broken last line (the run was killed mid-write) is dropped with a ``notice``
+    (default: a line on stderr); a broken line before it is an error."""
     p = Path(path)
     if not p.is_file():
         return []
+    lines = p.read_text().splitlines()
+    last = max((i for i, line in enumerate(lines) if line.strip()), default=-1)
     rows = []
-    for n, line in enumerate(p.read_text().splitlines(), 1):
-        if line.strip():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{p}:{n}: not a JSON line ({e}); fix or remove it to resume") from None
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as e:
+            if i == last:
+                (notice or _stderr_notice)(f"dropped a half-written last line of {p} (line {i + 1}: {line[:30]!r}...)")
+                break
+            raise ValueError(f"{p}:{i + 1}: not a JSON line ({e}); fix or remove it to resume") from None
     return rows
+
+
+def _cut_partial_line(path: Path) -> None:
+    """End the file with a complete line before appending: cut a half-written last line (``read_rows`` dropped it)
+    or add the missing newline after a complete one."""
+    data = path.read_bytes() if path.is_file() else b""
+    body = data.rstrip()
+    if not body:
+        return
+    start = body.rfind(b"\n") + 1
+    try:
+        json.loads(body[start:])
+    except ValueError:
+        with path.open("r+b") as f:
+            f.truncate(start)
+        return
+    if not data.endswith(b"\n"):
+        with path.open("ab") as f:
+            f.write(b"\n")
 
 
 def run_sweep(
@@ -182,14 +283,14 @@ def run_sweep(
 ) -> list[dict[str, Any]]:
     """Run every (task, config) not yet in ``out`` and append one JSON row each; returns the run's rows.
 
-    ``load()`` -> (model, tokenizer) is called only if something is left to do. ``meta`` (model, source, limit)
-    goes into every row and decides which existing rows count as done.
+    ``load()`` -> (model, tokenizer) is called only if something is left to do, after every check. ``meta`` (model,
+    source, limit) goes into every row and decides which existing rows count as done. ``progress``: one bar over the
+    (config, task) runs. Ctrl-C raises ``runner.Interrupted`` with the rows written so far and the path.
     """
     from tqdm.auto import tqdm
 
     base, meta = dict(base or {}), dict(meta or {})
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    out = check_out(out)
     scored = []
     for t in tasks:
         why = skip_reason(t)
@@ -197,31 +298,36 @@ def run_sweep(
             scored.append(t)
         else:
             notice(f"skipping {t.name}: {why}")
-    runnable = []
-    for c in configs:
-        why = usable(c, scored, base)
-        if why is None:
-            runnable.append(c)
-        else:
-            notice(f"skipping config {c['label']!r}: {why}")
-    mine = [r for r in read_rows(out) if all(r.get(k) == meta.get(k) for k in ROW_KEYS)]
+    if not scored:
+        raise ValueError("no task of this sweep can be scored here: " + ", ".join(t.name for t in tasks))
+    runnable = runnable_configs(configs, scored, base, notice)
+    mine = [r for r in read_rows(out, notice) if all(r.get(k) == meta.get(k) for k in ROW_KEYS)]
     done = {(r["task"], r["config_id"]) for r in mine}
     todo = [(c, t) for c in runnable for t in scored if (t.name, config_id(c, base)) not in done]
     if done:
         notice(f"resuming {out}: {len(done)} rows done, {len(todo)} to run")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    _cut_partial_line(out)
     model = tok = None
-    with out.open("a") as f:
-        for c, t in tqdm(todo, desc="sweep", disable=not progress):
-            if model is None:
-                model, tok = load()
-                warm_up(model, tok, scored)
-            res = run_task(model, tok, t, decoding_of(c, base), k=c.get("k"), batch_size=batch_size)
-            row = {**meta, "config_id": config_id(c, base), "label": c["label"], "method": c["method"]}
-            row |= {"config": {k: c[k] for k in ("sampler", "sampler_options", "block_length", "k", "cache")}}
-            row |= res.to_json()
-            f.write(json.dumps(row) + "\n")
-            f.flush()
-            mine.append(row)
+    bar = tqdm(todo, desc="sweep", unit="run", disable=not progress)
+    try:
+        with out.open("a") as f:
+            for c, t in bar:
+                bar.set_postfix_str(f"{c['label']} / {t.name}")
+                if model is None:
+                    model, tok = load()
+                    warm_up(model, tok, scored)
+                res = run_task(model, tok, t, decoding_of(c, base), k=c.get("k"), batch_size=batch_size)
+                row = {**meta, "config_id": config_id(c, base), "label": c["label"], "method": c["method"]}
+                row |= {"config": {k: c[k] for k in ("sampler", "sampler_options", "block_length", "k", "cache")}}
+                row |= res.to_json()
+                f.write(json.dumps(row) + "\n")
+                f.flush()
+                mine.append(row)
+    except KeyboardInterrupt as e:
+        raise Interrupted(mine, out) from e
+    finally:
+        bar.close()
     ids = {config_id(c, base) for c in runnable}
     names = {t.name for t in scored}
     return [r for r in mine if r["config_id"] in ids and r["task"] in names]
@@ -269,9 +375,16 @@ def config_summary(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
                 "tokens_per_step": sum(r["tokens_per_step"] for r in rs) / n,
                 "nfe_ratio": sum(ratios) / len(ratios) if ratios else None,
                 "tokens_per_second": sum(r["n"] * r["gen_length"] for r in rs) / secs if secs > 0 else None,
+                "threads": _threads(rs),
             }
         )
     return out
+
+
+def _threads(rows: list[dict[str, Any]]) -> int | list[int] | None:
+    """The torch thread count the rows were timed with (a list when they differ, None when not recorded)."""
+    found = sorted({r["threads"] for r in rows if r.get("threads") is not None})
+    return found[0] if len(found) == 1 else (found or None)
 
 
 def pbx(rows: Iterable[dict[str, Any]], levels: Iterable[int] = PB_LEVELS) -> dict[str, dict[str, Any] | None]:

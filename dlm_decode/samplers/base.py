@@ -14,7 +14,7 @@ commit every masked generation slot of the region in that step (an all-in commit
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from typing import Any, ClassVar
 
 import torch
@@ -58,6 +58,20 @@ class Sampler:
     blockwise: ClassVar[bool] = True  # default block 32 (False: one block over the whole generation)
     fixed_budget: ClassVar[bool] = False  # uses DecodeConfig.steps (fixed number of forwards per block)
     commits_every_step: ClassVar[bool] = True  # the reference guarantees >= 1 commit per step
+    # True: the sampler re-states the model's own generate, so options the caller leaves unset take the defaults
+    # that generate takes from the checkpoint (``model.sampling_defaults``); then ``option_defaults``
+    follows_model_defaults: ClassVar[bool] = False
+    option_defaults: ClassVar[dict[str, Any]] = {}  # the reference's own value of each unset (None) field
+
+    def with_defaults(self, config: DecodeConfig, model_defaults: dict[str, Any]) -> tuple[Sampler, DecodeConfig]:
+        """This sampler and ``config`` with every option the caller left unset (None) filled in: from the model's
+        reference defaults when the sampler follows them (``DecodeConfig`` fields go to the config, the rest to the
+        sampler), then from ``option_defaults``. A default of None leaves the option unset (the reference's off)."""
+        given = {k: v for k, v in model_defaults.items() if v is not None} if self.follows_model_defaults else {}
+        own = {f.name for f in fields(self)}
+        to_config = {k: v for k, v in given.items() if hasattr(config, k) and getattr(config, k) is None}
+        to_self = {k: v for k, v in (self.option_defaults | given).items() if k in own and getattr(self, k) is None}
+        return (replace(self, **to_self) if to_self else self), (replace(config, **to_config) if to_config else config)
 
     def check(self, config: DecodeConfig, num_blocks: int) -> None:
         """Validate the sampler against the decoding config (before any work)."""

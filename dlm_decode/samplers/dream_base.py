@@ -9,6 +9,15 @@ without replacement instead of taking the top ones. Like the reference, a step m
 long generations), so these samplers do not promise one commit per step; the last step of a block commits every
 remaining mask. Differences: MASK is never proposed; per-row mask counts (see ``schedule``); the call's
 ``torch.Generator`` replaces the global RNG.
+
+Effective defaults, as ``diffusion_generate`` has them: options left unset (``top_k`` / ``top_p`` None in the
+``DecodeConfig``, ``alg_temp`` / ``eps`` None here) take what the reference would sample with for the checkpoint,
+``model.sampling_defaults`` (see ``dlm_decode.models.dream``): its config.json over the transformers 4.x defaults,
+so an official Dream checkpoint decodes with top-k 50 (top-p 1.0, a no-op), ``eps`` 1e-3 and no ``alg_temp``. The
+top-k filter renormalises the probabilities the orderings score, so it changes which slots maskgit_plus and entropy
+commit even at temperature 0; ``--top-k 0`` turns it off. A model without such defaults (LLaDA) gets no filter.
+Deliberate difference: the temperature is always the caller's (dlm_decode's default 0, greedy), where the
+reference's unset temperature would be 1.0 from the same merge; pass ``temperature=1.0`` to sample as it does.
 """
 
 from __future__ import annotations
@@ -27,18 +36,25 @@ from dlm_decode.samplers.schedule import dream_count
 
 @dataclass(frozen=True)
 class DreamOrdering(Sampler):
-    alg_temp: float | None = None
-    eps: float = 1e-3
+    alg_temp: float | None = None  # None: the checkpoint's (config.json), else off; 0: off
+    eps: float | None = None  # None: the checkpoint's (config.json), else Dream's 1e-3
 
     blockwise: ClassVar[bool] = False
     fixed_budget: ClassVar[bool] = True
     commits_every_step: ClassVar[bool] = False
+    follows_model_defaults: ClassVar[bool] = True
+    option_defaults: ClassVar[dict[str, float]] = {"eps": 1e-3}  # DreamGenerationConfig's
 
     def __post_init__(self) -> None:
         if self.alg_temp is not None and (not math.isfinite(self.alg_temp) or self.alg_temp < 0):
             raise ValueError(f"{self.name}: alg_temp must be >= 0 or None, got {self.alg_temp!r}")
-        if not 0.0 < self.eps < 1.0:
+        if self.eps is not None and not 0.0 < self.eps < 1.0:
             raise ValueError(f"{self.name}: eps must be in (0, 1), got {self.eps!r}")
+
+    @property
+    def schedule_eps(self) -> float:
+        """``eps`` as set, else Dream's default (``generate`` fills it in; this covers a sampler used directly)."""
+        return self.eps if self.eps is not None else self.option_defaults["eps"]
 
     def score(self, probs: torch.Tensor, x0: torch.Tensor) -> torch.Tensor:  # [B, R]
         raise NotImplementedError
@@ -54,7 +70,7 @@ class DreamOrdering(Sampler):
             generator=state.generator,
         )
         cand = candidates(state, r0, r0 + logits.shape[1])
-        k = dream_count(cand.sum(1), state.block_step, self.steps_per_block(state), self.eps)
+        k = dream_count(cand.sum(1), state.block_step, self.steps_per_block(state), self.schedule_eps)
         score = torch.where(cand, self.score(probs, x0).to(logits.dtype), float("-inf"))
         if not self.alg_temp:
             return Selection(commit=top_k_per_row(score, k) & cand, tokens=x0)

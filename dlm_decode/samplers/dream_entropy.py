@@ -1,4 +1,9 @@
-"""Dream ``alg="entropy"``: score = negative entropy ``sum p log(p + 1e-10)`` (the reference's epsilon)."""
+"""Dream ``alg="entropy"``: score = negative entropy ``sum p log(p + 1e-10)`` (the reference's epsilon).
+
+``p`` is the softmax after the top-p / top-k filters, as in the reference's ``sample_tokens``; with the options
+unset those are ``diffusion_generate``'s defaults for the checkpoint (top-k 50 on an official Dream checkpoint, see
+``dream_base``), which renormalise ``p`` and so change the order slots are committed in, even at temperature 0.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,10 @@
-"""Dream ``alg="maskgit_plus"``: commit the masks whose proposed token has the highest probability."""
+"""Dream ``alg="maskgit_plus"``: commit the masks whose proposed token has the highest probability.
+
+The probability is the softmax after the top-p / top-k filters, as in the reference's ``sample_tokens``; with the
+options unset those are ``diffusion_generate``'s defaults for the checkpoint (top-k 50 on an official Dream
+checkpoint, see ``dream_base``): the renormalised confidences, not the raw ones, decide the order even at
+temperature 0.
+"""
 
 from __future__ import annotations
 

@@ -1,7 +1,9 @@
 """Dream ``alg="origin"``: each mask is revealed independently with probability ``1 - s/t`` (all at the last step).
 
 Random by construction (the reference draws ``torch.rand`` per mask even at temperature 0); reproducible here
-through the call's ``torch.Generator``, matching the reference in distribution.
+through the call's ``torch.Generator``, matching the reference in distribution. Unset ``top_k`` / ``top_p`` /
+``eps`` / ``alg_temp`` take the checkpoint's ``diffusion_generate`` defaults (top-k 50 on an official Dream
+checkpoint; see ``dream_base``); the top-k filter only matters here at temperature > 0, where it shapes the draw.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ class DreamOrigin(DreamOrdering):
         if i >= steps - 1:
             p = 1.0
         else:
-            t = torch.linspace(1, self.eps, steps + 1, device=logits.device)
+            t = torch.linspace(1, self.schedule_eps, steps + 1, device=logits.device)
             p = float(1 - t[i + 1] / t[i])
         draw = torch.rand(cand.shape, device=logits.device, generator=state.generator) < p
         x0, _ = categorical_proposals(

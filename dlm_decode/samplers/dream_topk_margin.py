@@ -1,4 +1,9 @@
-"""Dream ``alg="topk_margin"``: score = top-1 minus top-2 probability (over the full softmax, as the reference)."""
+"""Dream ``alg="topk_margin"``: score = top-1 minus top-2 probability.
+
+Over the softmax after the top-p / top-k filters, as in the reference's ``sample_tokens``; with the options unset
+those are ``diffusion_generate``'s defaults for the checkpoint (top-k 50 on an official Dream checkpoint, see
+``dream_base``).
+"""
 
 from __future__ import annotations
 

@@ -96,7 +96,8 @@ class EarlyCommit(Sampler):
         return None if start is None else (start, start + self.answer_length)
 
     def check(self, config: DecodeConfig, num_blocks: int) -> None:
-        self._base().check(config, num_blocks)
+        # the base rule's budget checks (``fixed_budget`` is the base's), under this sampler's name in the messages
+        super().check(config, num_blocks)
         n = config.gen_length
         spans = [("answer region", self.watched())]
         if self.prefix_ids:

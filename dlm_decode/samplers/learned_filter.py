@@ -38,6 +38,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from dlm_decode.core.config import DecodeConfig
+from dlm_decode.core.files import check_shapes, read_json_object, safetensors_shapes
 from dlm_decode.core.state import DecodeState
 from dlm_decode.samplers.base import Selection, candidates, top_k_per_row
 from dlm_decode.samplers.low_confidence import LowConfidence
@@ -90,9 +91,15 @@ def save_filter(module: FilterMLP, path: str | Path, **meta) -> Path:
 
 def filter_config(path: str | Path) -> dict:
     weights, config = _paths(path)
-    if not weights.is_file() or not config.is_file():
-        raise ValueError(f"learned filter not found: need {weights} and {config}")
-    cfg = json.loads(config.read_text())
+    if not weights.is_file():
+        raise ValueError(
+            f"learned filter not found: {weights} does not exist (a filter is {weights.name} + {config.name})"
+        )
+    if not config.is_file():
+        raise ValueError(
+            f"learned filter {weights} has no config {config} next to it (save_filter / recipes/learn2pd write both)"
+        )
+    cfg = read_json_object(config, f"{FORMAT} config")
     if cfg.get("format") != FORMAT or not isinstance(cfg.get("block_length"), int):
         raise ValueError(f"{config} is not a {FORMAT} config (needs format and block_length)")
     return cfg
@@ -107,7 +114,11 @@ def load_filter(path: str | Path, block_length: int | None = None) -> FilterMLP:
             f"but decoding uses block length {block_length}"
         )
     module = FilterMLP(cfg["block_length"], cfg.get("hidden"), cfg.get("activation", "relu"))
-    module.load_state_dict(load_file(str(_paths(path)[0])))
+    weights = _paths(path)[0]
+    expected = {k: tuple(v.shape) for k, v in module.state_dict().items()}
+    against = f"the {FORMAT} described by {_paths(path)[1]}"
+    check_shapes(safetensors_shapes(weights, f"{FORMAT} weights"), expected, str(weights), against)
+    module.load_state_dict(load_file(str(weights)))
     return module.eval()
 
 

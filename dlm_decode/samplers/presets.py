@@ -5,8 +5,10 @@
 
 Each preset records where its numbers come from (paper table or reference script). Decoding overrides are what the
 reference scripts run with (generation length, block length, step budget); override any of them with keywords,
-e.g. ``get_preset("fast_dllm_threshold").generate_kwargs(gen_length=64)``. Presets that need an artefact take it as
-an option: ``learn2pd`` needs ``filter`` (a trained filter), Prophet's forced answer prefix needs ``prefix_ids``
+e.g. ``get_preset("fast_dllm_threshold").generate_kwargs(gen_length=64)``. A preset's step budget follows an
+overridden gen length (same tokens per step) and its block is clipped to it, unless ``steps`` / ``block_length`` are
+given too. Presets that need an artefact take it as an option, and ``needs`` lists the ones they cannot run without:
+``learn2pd`` needs ``filter`` (a trained filter), Prophet's forced answer prefix needs ``prefix_ids``
 (``early_commit.answer_prefix_ids(tokenizer)``), AdaBlock on a non-LLaDA / non-Dream tokenizer needs
 ``delimiter_ids`` (``adaptive_block.delimiter_ids_from_tokenizer(tokenizer)``).
 """
@@ -26,10 +28,35 @@ class Preset:
     options: dict[str, Any] = field(default_factory=dict)
     config: dict[str, Any] = field(default_factory=dict)  # DecodeConfig overrides
     source: str = ""
+    needs: tuple[str, ...] = ()  # sampler options the preset cannot run without (artefacts)
 
     def generate_kwargs(self, options: dict[str, Any] | None = None, **config: Any) -> dict[str, Any]:
-        """Keywords for ``dlm_decode.generate``: sampler, sampler_options and the decoding overrides."""
-        return {"sampler": self.sampler, "sampler_options": self.options | dict(options or {})} | self.config | config
+        """Keywords for ``dlm_decode.generate``: sampler, sampler_options and the decoding overrides (``config``
+        wins; a preset's steps and block follow an overridden gen length). A missing ``needs`` option is an error."""
+        options = self.options | dict(options or {})
+        missing = [k for k in self.needs if options.get(k) in (None, "")]
+        if missing:
+            others = [p.name for p in PRESETS.values() if p.sampler == self.sampler and not p.needs]
+            raise ValueError(
+                f"preset {self.name!r} needs the sampler option {missing[0]!r} ({NEEDS_HELP.get(missing[0], '')}); "
+                f"presets that run without it: {', '.join(others) or '(none)'}"
+            )
+        return {"sampler": self.sampler, "sampler_options": options} | self.lengths(**config)
+
+    def lengths(self, **config: Any) -> dict[str, Any]:
+        """The preset's gen length, block length and steps under ``config``'s overrides: over another gen length the
+        steps keep the preset's tokens per step and the block is clipped to the gen length, unless given."""
+        out = self.config | config
+        gen, own = config.get("gen_length"), self.config.get("gen_length")
+        if gen is not None and own and gen != own:
+            if "steps" not in config and self.config.get("steps") is not None:
+                out["steps"] = max(1, self.config["steps"] * gen // own)
+            if "block_length" not in config and (self.config.get("block_length") or 0) > gen:
+                out["block_length"] = gen
+        return out
+
+
+NEEDS_HELP = {"filter": "a trained Learn2PD filter: filter=PATH, e.g. the demo models' learn2pd_filter.safetensors"}
 
 
 _GSM8K_256 = {"gen_length": 256, "block_length": 32}
@@ -100,6 +127,7 @@ PRESETS: dict[str, Preset] = {
             {"accept": 0.96, "eotp": True},
             _GSM8K_256 | {"steps": 256},
             "Learn2PD llada/eval_llada.sh (needs the filter option)",
+            needs=("filter",),
         ),
         Preset(
             "eotp_only",
@@ -114,6 +142,7 @@ PRESETS: dict[str, Preset] = {
             {"accept": 0.96, "eotp": False},
             _GSM8K_256 | {"steps": 256},
             "Learn2PD generate_learn2parallel (needs the filter option)",
+            needs=("filter",),
         ),
     )
 }

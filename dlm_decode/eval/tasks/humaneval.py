@@ -52,7 +52,7 @@ def process_results(doc: dict, results: list[str]) -> dict[str, float]:
     problem = {k: doc[k] for k in ("task_id", "prompt", "test", "entry_point")}
     result = check_correctness(problem, completion_of(doc, results[0]), TIMEOUT_S)
     out = {"pass@1": float(result["passed"])}
-    stats = getattr(results[0], "stats", None)
+    stats = getattr(results[0], "stats", None)  # StatsTask hands over the dlm_decode model's statistics
     if stats:
         out["nfe"] = float(stats["nfe"])
         out["tokens_per_step"] = float(stats["tokens_per_step"])

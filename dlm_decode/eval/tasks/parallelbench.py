@@ -20,8 +20,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from lm_eval.api.task import ConfigurableTask
-
+from dlm_decode.eval.answers import StatsTask
 from dlm_decode.parallelbench.metrics import score_sample
 from dlm_decode.parallelbench.tasks import answer_text, build_messages, load_task
 
@@ -75,20 +74,15 @@ def doc_to_target(doc: dict) -> str:
 def process_results(doc: dict, results: list[str]) -> dict[str, float]:
     prediction = results[0]
     out = dict(score_sample(doc["metric"], prediction, json.loads(doc["sample"])))
-    stats = getattr(prediction, "stats", None)  # answers of the dlm_decode model carry decoding statistics
+    stats = getattr(prediction, "stats", None)  # StatsTask hands over the dlm_decode model's decoding statistics
     if stats:
         out["nfe"] = float(stats["nfe"])
         out["tokens_per_step"] = float(stats["tokens_per_step"])
     return out
 
 
-class ParallelBenchTask(ConfigurableTask):
+class ParallelBenchTask(StatsTask):
     """Builds each context from the sample's official chat instead of lm-eval's few-shot machinery."""
-
-    def __init__(self, config: dict | None = None, **kwargs: Any) -> None:
-        config = dict(config or {})
-        config.pop("class", None)  # lm-eval hands the YAML's ``class`` key to the constructor as config
-        super().__init__(config=config, **kwargs)
 
     def fewshot_context(
         self,

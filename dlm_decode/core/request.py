@@ -1,0 +1,76 @@
+"""Every check a decoding request gets, in one place, made before any model work (and, from the entry points,
+before any weights are read).
+
+    facts = ModelFacts.of_model(model)               # or models.loading.model_facts(path): config.json only
+    req = check_request(facts, rows, sampler="threshold", sampler_options={"threshold": 0.9}, gen_length=64)
+
+``check_request`` resolves the sampler and cache (names and options), builds the ``DecodeConfig`` (gen / block
+length, steps, temperature, top-p / top-k, ...), lays out the blocks, runs the sampler's and the cache's own checks
+and checks the prompt rows against what ``config.json`` decides: the vocabulary, the MASK id and the maximum sequence
+length. Each failure is a ``ValueError`` naming the option and what is allowed. ``generate`` calls it; so do the
+CLI's ``generate`` and ``parallelbench`` and the lm-eval plugin, with facts read from ``config.json`` before loading.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from dlm_decode.cache.base import CachePolicy, get_cache
+from dlm_decode.core.config import DecodeConfig
+from dlm_decode.core.inputs import ModelFacts, check_prompts
+from dlm_decode.samplers.base import Sampler, get_sampler
+
+
+@dataclass(frozen=True)
+class Request:
+    """A checked request: what the loop runs."""
+
+    config: DecodeConfig
+    sampler: Sampler
+    cache: CachePolicy
+    block_length: int
+    num_blocks: int
+
+
+CONFIG_FIELDS = tuple(f.name for f in dataclasses.fields(DecodeConfig))
+
+
+def decode_config(config: DecodeConfig | None = None, **kwargs: Any) -> DecodeConfig:
+    """A ``DecodeConfig`` from keywords (over ``config`` when given); unknown keywords list the valid ones."""
+    unknown = sorted(set(kwargs) - set(CONFIG_FIELDS))
+    if unknown:
+        raise ValueError(f"unknown decoding option(s) {', '.join(unknown)}; valid: {', '.join(CONFIG_FIELDS)}")
+    if config is None:
+        return DecodeConfig(**kwargs)
+    return dataclasses.replace(config, **kwargs) if kwargs else config
+
+
+def check_request(
+    facts: ModelFacts | None,
+    rows: list[list[int]] | None = None,
+    *,
+    sampler: str | Sampler = "low_confidence",
+    sampler_options: dict[str, Any] | None = None,
+    cache: str | CachePolicy | None = "none",
+    cache_options: dict[str, Any] | None = None,
+    config: DecodeConfig | None = None,
+    **config_kwargs: Any,
+) -> Request:
+    """Check a request against the model's facts (None: only what the arguments decide) and the prompt ``rows``
+    (token ids; None: no prompts yet, so only that the generation leaves room for one)."""
+    cfg = decode_config(config, **config_kwargs)
+    smp = get_sampler(sampler, sampler_options)
+    pol = get_cache(cache, cache_options)
+    block = cfg.block_length or (min(32, cfg.gen_length) if smp.blockwise else cfg.gen_length)
+    if block > cfg.gen_length:
+        raise ValueError(f"block_length ({block}) must be <= gen_length ({cfg.gen_length})")
+    if cfg.gen_length % block:
+        raise ValueError(f"gen_length ({cfg.gen_length}) must be a multiple of block_length ({block})")
+    num_blocks = cfg.gen_length // block
+    smp.check(cfg, num_blocks)
+    pol.check(cfg, smp, facts)
+    if rows is not None or facts is not None:
+        check_prompts(rows, facts, cfg.gen_length)
+    return Request(cfg, smp, pol, block, num_blocks)
