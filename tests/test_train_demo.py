@@ -390,3 +390,34 @@ def test_shipped_demo_model_loads_and_decodes_a_list(name, model_type):
     if scores.is_file() and json.loads(scores.read_text())["scores"]["waiting_line/copy"] >= 95:
         right = sum(text == s["answer"] for text, s in zip(out.texts, samples, strict=True))
         assert right >= 3, out.texts  # the card claims >= 95% on copy
+
+
+def test_stratified_mask_ratios_cover_every_stratum(tok, rows):
+    tr = _load("train")
+    batch = tr.collate(rows, tok.pad_token_id)  # 8 rows
+    _, _, p = tr.mask_response(batch, tok.mask_token_id, tr.step_generator(0, 3), eps=0.0, stratified=True)
+    assert sorted(int(x * 8) for x in p) == list(range(8))  # one ratio in each eighth of [0, 1)
+    _, _, q = tr.mask_response(batch, tok.mask_token_id, tr.step_generator(0, 3), eps=0.0, stratified=True)
+    assert torch.equal(p, q)  # still a function of (seed, step)
+
+
+def test_bare_short_rows_and_tied_embeddings(mini_pb, tok):
+    st, tr = _load("stream"), _load("train")
+    stream = st.RowStream(mini_pb, tok, seed=0)
+    rows = stream.rows(2, st.Mix(batch=6, short_share=1.0, tasks=("waiting_line/copy",), bare=True))
+    eot = tok.convert_tokens_to_ids("<|eot_id|>")
+    for prompt, resp, _ in rows:
+        assert prompt[0] == tok.bos_token_id and tok.convert_tokens_to_ids("<|start_header_id|>") not in prompt
+        text = tok.decode(prompt[1:])
+        assert text.startswith("copy [") and resp[-1] == eot and eot not in resp[:-1]
+        assert tok.decode(resp[:-1]) == text[len("copy ") :].rstrip("\n")  # copy: the answer is the list itself
+    size = tr.ModelSize(d_model=32, n_layers=1, n_heads=2, n_kv_heads=2, mlp_hidden=64, tie_embeddings=True)
+    model = tr.make_model("llada", size, tok)
+    assert model.config.weight_tying and not hasattr(model.model.transformer, "ff_out")
+    with torch.no_grad():
+        model.get_input_embeddings().weight[5].fill_(0.5)
+    h = torch.zeros(1, 32)
+    h[0, 0] = 1.0
+    assert float(model.output_logits(h)[0, 5]) == 0.5  # the output projection is the embedding
+    with pytest.raises(SystemExit, match="llada"):
+        tr.make_model("dream", size, tok)

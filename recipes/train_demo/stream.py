@@ -96,6 +96,7 @@ class Mix:
     short_share: float
     tasks: tuple[str, ...] = TASKS
     weights: tuple[float, ...] | None = None
+    bare: bool = False  # short rows as raw text (bos + prompt, no chat turn) answered by answer + eot, no padding
 
 
 class RowStream:
@@ -117,6 +118,11 @@ class RowStream:
     def encode(self, messages: list[dict], target: str, gen_length: int) -> tuple[list[int], list[int]]:
         return encode_row(self.tok, messages, target, gen_length)
 
+    def encode_bare(self, prompt: str, target: str) -> tuple[list[int], list[int]]:
+        ids = self.tok(prompt + "\n", add_special_tokens=False)["input_ids"]
+        answer = self.tok(target, add_special_tokens=False)["input_ids"]
+        return [self.tok.bos_token_id, *ids], [*answer, self.tok.convert_tokens_to_ids("<|eot_id|>")]
+
     def samples(self, task: str, n: int, seed: int) -> list[dict]:
         return generate_task(task, self.configs[task], self.names, n=n, seed=seed, exclude=self.exclude[task])
 
@@ -134,6 +140,9 @@ class RowStream:
             gen_length = max_new_tokens(task)
             for s in self.samples(task, n, rng.randrange(2**62)):
                 target = random_answer(task, s, answer_rng)
+                if kind == "short" and mix.bare:
+                    out.append((*self.encode_bare(short_prompt(task, s), target), f"{kind}/{task}"))
+                    continue
                 if kind == "short":
                     chat = [{"role": "user", "content": short_prompt(task, s)}]
                 else:

@@ -52,6 +52,7 @@ class ModelSize:
     mlp_hidden: int = 768
     max_len: int = 512
     rope_theta: float = 10000.0
+    tie_embeddings: bool = False
 
 
 def make_model(arch: str, size: ModelSize, tok: Any) -> torch.nn.Module:
@@ -73,10 +74,13 @@ def make_model(arch: str, size: ModelSize, tok: Any) -> torch.nn.Module:
             embedding_size=vocab,
             max_sequence_length=size.max_len,
             rope_theta=size.rope_theta,
+            weight_tying=size.tie_embeddings,
             **ids,
         )
         return LLaDAModelLM(cfg)
     if arch == "dream":
+        if size.tie_embeddings:
+            raise SystemExit("--tie-embeddings is for --arch llada (weight_tying); Dream checkpoints here are untied")
         cfg = DreamConfig(
             vocab_size=vocab,
             hidden_size=size.d_model,
@@ -117,12 +121,23 @@ def collate(rows: list[tuple[list[int], list[int]]], pad_id: int) -> dict[str, t
 
 
 def mask_response(
-    batch: dict[str, torch.Tensor], mask_id: int, generator: torch.Generator, eps: float = 1e-3
+    batch: dict[str, torch.Tensor],
+    mask_id: int,
+    generator: torch.Generator,
+    eps: float = 1e-3,
+    stratified: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """LLaDA forward process on the response only -> noisy ids, masked positions [B, T], p_mask [B]."""
+    """LLaDA forward process on the response only -> noisy ids, masked positions [B, T], p_mask [B].
+
+    ``stratified``: the batch's t are one draw from each of B equal strata of [0, 1) in a random order (same
+    marginal U(0, 1) per row, far less variance of the 1/p-weighted loss across batches)."""
     ids, resp = batch["input_ids"], batch["response"]
     b, t = ids.shape
-    t_draw = torch.rand(b, generator=generator, device=generator.device).to(ids.device)
+    t_draw = torch.rand(b, generator=generator, device=generator.device)
+    if stratified:
+        order = torch.randperm(b, generator=generator, device=generator.device)
+        t_draw = (order + t_draw) / b
+    t_draw = t_draw.to(ids.device)
     p_mask = (1 - eps) * t_draw + eps  # [B]
     u = torch.rand(b, t, generator=generator, device=generator.device).to(ids.device)
     masked = (u < p_mask[:, None]) & resp  # [B, T]
@@ -130,14 +145,14 @@ def mask_response(
 
 
 def diffusion_loss(
-    model: Any, batch: dict[str, torch.Tensor], generator: torch.Generator, eps: float = 1e-3
+    model: Any, batch: dict[str, torch.Tensor], generator: torch.Generator, eps: float = 1e-3, stratified: bool = False
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """LLaDA SFT loss: sum over masked response tokens of CE / p_mask, divided by the response length, batch mean.
 
     The LM head runs only on the hidden states that predict masked tokens (hidden ``i - logit_shift``).
     """
     core = model.module if hasattr(model, "module") else model
-    noisy, masked, p_mask = mask_response(batch, core.mask_token_id, generator, eps)
+    noisy, masked, p_mask = mask_response(batch, core.mask_token_id, generator, eps, stratified)
     valid = batch["valid"]
     positions = (valid.long().cumsum(1) - 1).clamp(min=0)
     hid = core.hidden_states(noisy, positions, key_mask=valid)  # [B, T, d]
@@ -321,6 +336,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--n-kv-heads", type=int, default=None, help="default: n_heads (LLaDA), n_heads/2 (Dream)")
     ap.add_argument("--mlp-hidden", type=int, default=512)
     ap.add_argument(
+        "--tie-embeddings",
+        action="store_true",
+        help="LLaDA only: output projection = input embedding (config weight_tying), so copying a prompt token only "
+        "needs attention to move its embedding",
+    )
+    ap.add_argument(
         "--stages",
         default="short:600,full:6000",
         help="the curriculum: comma-separated KIND[TASKS]:STEPS, KIND short (short rows only) or full "
@@ -328,11 +349,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     ap.add_argument("--short-batch", type=int, default=128, help="batch size of short stages")
     ap.add_argument("--full-batch", type=int, default=64, help="batch size of full stages")
+    ap.add_argument(
+        "--short-format",
+        choices=("chat", "bare"),
+        default="chat",
+        help="short stages' rows: a chat turn answered in the task's padded length, or bare text answered by the "
+        "answer and <|eot_id|> alone",
+    )
     ap.add_argument("--short-share", type=float, default=0.25, help="share of short rows in a full stage's batch")
     ap.add_argument(
         "--task-weights",
         default="sort=2,shuffle=1.5,insert_random=1.5,remove_random=1.5,replace_random=1.5,sudoku_n4_12=2",
         help="sampling weight per task (default 1)",
+    )
+    ap.add_argument(
+        "--t-sampling",
+        choices=("uniform", "stratified"),
+        default="uniform",
+        help="mask ratio per row: independent U(0, 1) draws, or one draw per stratum of [0, 1) (lower variance)",
     )
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--warmup", type=int, default=100)
@@ -405,7 +439,7 @@ def main(argv: list[str] | None = None) -> None:
     total = sum(st.steps for st in args.stage_list)
 
     kv = args.n_kv_heads or (args.n_heads if args.arch == "llada" else max(args.n_heads // 2, 1))
-    size = ModelSize(args.d_model, args.n_layers, args.n_heads, kv, args.mlp_hidden)
+    size = ModelSize(args.d_model, args.n_layers, args.n_heads, kv, args.mlp_hidden, tie_embeddings=args.tie_embeddings)
     torch.manual_seed(args.seed)
     if args.init:
         from dlm_decode.models import load_model
@@ -442,7 +476,7 @@ def main(argv: list[str] | None = None) -> None:
         tasks = stage.tasks or TASKS
         weights = tuple(args.weights.get(t, 1.0) for t in tasks)
         if stage.kind == "short":
-            return Mix(args.short_batch, 1.0, tasks, weights)
+            return Mix(args.short_batch, 1.0, tasks, weights, bare=args.short_format == "bare")
         return Mix(args.full_batch, args.short_share, tasks, weights)
 
     log_path = run_dir / "log.jsonl"
@@ -474,7 +508,7 @@ def main(argv: list[str] | None = None) -> None:
         batch = collate([(p, r) for p, r, _ in mine], tok.pad_token_id)
         batch = {k: v.to(accelerator.device) for k, v in batch.items()}
         gen = step_generator(args.seed, step)
-        loss, info = diffusion_loss(model, batch, gen)
+        loss, info = diffusion_loss(model, batch, gen, stratified=args.t_sampling == "stratified")
         accelerator.backward(loss)
         accelerator.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
