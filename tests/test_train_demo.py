@@ -421,3 +421,14 @@ def test_bare_short_rows_and_tied_embeddings(mini_pb, tok):
     assert float(model.output_logits(h)[0, 5]) == 0.5  # the output projection is the embedding
     with pytest.raises(SystemExit, match="llada"):
         tr.make_model("dream", size, tok)
+
+
+@pytest.mark.slow
+def test_retrieval_probe_control_learns_to_copy_random_tokens(tok, tmp_path):
+    # the control of the retrieval study: with no structure to learn, copying forms within a few hundred steps
+    tok.save_pretrained(tmp_path / "tok")
+    curve = _load("retrieval_probe").main(
+        ["--tokenizer", str(tmp_path / "tok"), "--data", "random", "--steps", "400", "--every", "200"]
+    )
+    assert [c["step"] for c in curve] == [200, 400]
+    assert curve[-1]["copy_acc"] >= max(0.2, curve[0]["copy_acc"]), curve  # unigram guessing scores ~1/50
