@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from checkpoints import (  # noqa: E402
     llada_config,
     llada_state_dict,
     write_checkpoint,
+    write_tokenizer,
 )
 
 import dlm_decode  # noqa: E402,F401  (registers the Auto classes)
@@ -57,3 +59,22 @@ def tiny_model(request, llada, dream):
 def _deterministic():
     torch.manual_seed(1234)
     yield
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny models gain nothing from intra-op threads, and on a busy 2-core machine threads spin: 10x slower.
+    Modules opt in with ``pytestmark = pytest.mark.usefixtures("one_thread")``."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def tok_dir(llada_dir, tmp_path_factory) -> Path:
+    """A copy of the tiny LLaDA checkpoint with a tokenizer beside it (one per module, so a module may change it)."""
+    path = tmp_path_factory.mktemp("tok") / "llada"
+    shutil.copytree(llada_dir, path)
+    write_tokenizer(path)
+    return path

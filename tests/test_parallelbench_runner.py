@@ -8,12 +8,10 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import shutil
 from pathlib import Path
 
 import pytest
 import torch
-from checkpoints import write_tokenizer
 from conftest import SHARED_DATA
 from fake import ScriptedModel, peaked
 
@@ -27,21 +25,7 @@ needs_data = pytest.mark.skipif(not SHARED_DATA.is_dir(), reason="official Paral
 REPO = Path(__file__).resolve().parent.parent
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """Tiny models gain nothing from intra-op threads, and on a busy 2-core machine threads spin: 10x slower."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
-@pytest.fixture(scope="module")
-def tok_dir(llada_dir, tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("pb") / "llada"
-    shutil.copytree(llada_dir, path)
-    write_tokenizer(path)
-    return path
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

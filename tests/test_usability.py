@@ -7,12 +7,10 @@ thread counts in the results, the demo-model path helper and the ``error`` field
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
 import torch
-from checkpoints import write_tokenizer
 from conftest import SHARED_DATA
 from fake import ScriptedModel
 
@@ -26,20 +24,7 @@ from dlm_decode.samplers.presets import get_preset
 needs_data = pytest.mark.skipif(not SHARED_DATA.is_dir(), reason="official ParallelBench data not present")
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
-@pytest.fixture(scope="module")
-def tok_dir(llada_dir, tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("usability") / "llada"
-    shutil.copytree(llada_dir, path)
-    write_tokenizer(path)
-    return path
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _main(argv: list[str]) -> int:
