@@ -29,13 +29,7 @@ EVERY_STEP = {
 FEW_SAMPLERS = [s for s in ("low_confidence", "threshold", "factor", "maskgit_plus") if s in SAMPLERS]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models run many small ops: one thread is several times faster than contended threads."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _run(model, sampler, cache, prompts=PROMPTS, cache_options=None, **kw):

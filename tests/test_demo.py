@@ -4,12 +4,8 @@ and its message when the demo model is not shipped."""
 from __future__ import annotations
 
 import json
-import shutil
-from pathlib import Path
 
 import pytest
-import torch
-from checkpoints import write_tokenizer
 from conftest import SHARED_DATA
 
 from dlm_decode.cli import main
@@ -18,20 +14,7 @@ from dlm_decode.demo import demo_configs
 needs_data = pytest.mark.skipif(not SHARED_DATA.is_dir(), reason="official ParallelBench data not present")
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny model: threads only spin on a busy machine
-    yield
-    torch.set_num_threads(n)
-
-
-@pytest.fixture(scope="module")
-def tok_dir(llada_dir, tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("demo") / "llada"
-    shutil.copytree(llada_dir, path)
-    write_tokenizer(path)
-    return path
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_configs_come_from_the_registries():

@@ -39,13 +39,7 @@ needs_pb = pytest.mark.skipif(not SHARED_DATA.is_dir(), reason="official Paralle
 DEMO = REPO / "dlm_decode" / "demo_models" / "demo-llada"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    # tiny models: thread start-up costs more than it saves, and on a busy 2-core machine it costs 30x
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
