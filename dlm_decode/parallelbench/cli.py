@@ -218,8 +218,20 @@ def _run_sweep(args: argparse.Namespace, kw: dict[str, Any], tasks) -> int:
         for name, path in plots.items():
             print(f"{name}: {path}")
     if args.json:
+        from dlm_decode.parallelbench.aup import aup_table
         from dlm_decode.parallelbench.sweep import config_summary
 
         summary = config_summary(rows)
-        print(json.dumps({"out": args.out, "rows": len(rows), "configs": summary, "pbx": pbx(rows), "plots": plots}))
+        print(
+            json.dumps(
+                {
+                    "out": args.out,
+                    "rows": len(rows),
+                    "configs": summary,
+                    "pbx": pbx(rows),
+                    "aup": aup_table(rows),
+                    "plots": plots,
+                }
+            )
+        )
     return 0

@@ -1,4 +1,4 @@
-"""Sweeps of decoding configurations over ParallelBench tasks, one JSONL row per (task, config), and PBx.
+"""Sweeps of decoding configurations over ParallelBench tasks, one JSONL row per (task, config), and PBx and AUP.
 
     dlm-decode parallelbench --model demo-llada --data DIR --sweep paper --out runs/pb.jsonl --limit 20
 
@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from dlm_decode.core.files import read_json_object
+from dlm_decode.parallelbench.aup import aup_table
 from dlm_decode.parallelbench.runner import (
     Interrupted,
     check_task_kwargs,
@@ -425,4 +426,13 @@ def format_sweep(rows: list[dict[str, Any]]) -> str:
         lines.append(
             f"{name}: " + ("-" if v is None else f"{v['tokens_per_step']:.2f} ({v['label']}, {v['score']:.1f})")
         )
+    table = aup_table(rows)
+    if table:
+        tasks = sorted({t for per in table.values() for t in per if t != "mean"})
+        lines += ["", "AUP (accuracy under parallelism, per method and task):"]
+        body = [
+            [m, *(f"{per[t]:.1f}" if t in per else "-" for t in tasks), f"{per['mean']:.1f}"]
+            for m, per in table.items()
+        ]
+        lines.append(render_table(["method", *tasks, "mean"], sorted(body)))
     return "\n".join(lines)

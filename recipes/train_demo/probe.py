@@ -1,0 +1,106 @@
+"""Has a demo checkpoint learned to read the prompt? Cheap probes for runs in progress, one JSON line out.
+
+    python recipes/train_demo/probe.py RUN/export [--tasks waiting_line/copy waiting_line/reverse] [--full 8]
+
+On fresh-seed short rows in the bare format (``stream.RowStream.encode_bare``; never an official test sample):
+
+* ``tf`` (teacher-forced retrieval): mask one content token of the answer (a name, a digit, a symbol; never
+  bracket or separator), leave every other token visible, and count how often the argmax is the right token. A model
+  that does not read the prompt scores about its unigram guess (~0.01 on names); in-context copying shows here
+  first, long before whole answers come out right.
+* ``exact``: greedy decoding one token per step (``low_confidence``, steps = answer length) of the whole answer.
+
+``--full N`` also scores N fresh-seed samples per task with the official prompt (``build_messages``, ICL turn) the
+way ``evaluate.py`` scores the official files (one token per step, ``scoring.score_task``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from stream import TASKS, RowStream, eval_items, heldout, official_keys, short_prompt  # noqa: E402
+
+import dlm_decode  # noqa: E402
+
+# tokens that carry structure, not content: a probe on them would measure the format, not retrieval
+STRUCTURE = ('["', '"]', '",\u0120"', "\u010a", "<|eot_id|>", "<|endoftext|>", ",")
+
+
+@torch.no_grad()
+def teacher_forced(model: Any, rows: Sequence[tuple[list[int], list[int]]], mask_id: int, skip: set[int]) -> float:
+    """Share of content answer tokens predicted right (argmax) with only that token masked."""
+    right = total = 0
+    for prompt, answer in rows:
+        ids = torch.tensor([prompt + answer])  # [1, T]
+        cols = [len(prompt) + j for j, t in enumerate(answer) if t not in skip]
+        if not cols:
+            continue
+        x = ids.repeat(len(cols), 1)  # [C, T]: row c masks column cols[c]
+        x[torch.arange(len(cols)), cols] = mask_id
+        pred = model(x).logits[torch.arange(len(cols)), cols].argmax(-1)  # [C]
+        right += int((pred == ids[0, cols]).sum())
+        total += len(cols)
+    return right / max(total, 1)
+
+
+def greedy_exact(model: Any, tok: Any, rows: Sequence[tuple[list[int], list[int]]]) -> float:
+    """Share of rows whose whole answer comes out right, one token per step."""
+    hits = 0
+    for prompt, answer in rows:
+        out = dlm_decode.generate(
+            model, [prompt], tokenizer=tok, sampler="low_confidence", gen_length=len(answer), steps=len(answer)
+        )
+        hits += int(out.rows[0].generated_ids[: len(answer)] == answer)
+    return hits / max(len(rows), 1)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("model", help="checkpoint directory (a run's export/) or demo name")
+    ap.add_argument("--parallelbench", default="/work/shared/data/parallelbench")
+    ap.add_argument("--tasks", nargs="*", default=["waiting_line/copy", "waiting_line/reverse"])
+    ap.add_argument("--n", type=int, default=12, help="short rows per task")
+    ap.add_argument("--full", type=int, default=0, help="also score N official-format held-out samples per task")
+    ap.add_argument("--seed", type=int, default=99)
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args(argv)
+    unknown = sorted(set(args.tasks) - set(TASKS))
+    if unknown:
+        raise SystemExit(f"--tasks: unknown {unknown}; choose from {list(TASKS)}")
+    torch.set_num_threads(args.threads)
+    start = time.perf_counter()
+    model, tok = dlm_decode.load_model(args.model)
+    model.eval()
+    skip = set(tok.convert_tokens_to_ids([t for t in STRUCTURE if t in tok.get_vocab()]))
+    stream = RowStream(args.parallelbench, tok, seed=0)
+    result: dict = {"model": str(args.model), "tf": {}, "exact": {}}
+    training = Path(args.model) / "training.json"
+    if training.is_file():
+        result["step"] = json.loads(training.read_text())["step"]
+    for task in args.tasks:
+        rows = [stream.encode_bare(short_prompt(task, s), s["answer"]) for s in stream.samples(task, args.n, args.seed)]
+        result["tf"][task] = round(teacher_forced(model, rows, model.mask_token_id, skip), 3)
+        result["exact"][task] = round(greedy_exact(model, tok, rows), 3)
+    if args.full:
+        from scoring import score_task  # noqa: PLC0415  (pulls in the metrics only when asked)
+
+        samples = heldout(args.parallelbench, args.seed, args.full, official_keys(args.parallelbench))
+        items = eval_items({t: samples[t] for t in args.tasks}, args.parallelbench, short=False)
+        result["full"] = {t: round(score_task(model, tok, t, *item)["score"], 1) for t, item in items.items()}
+    result["seconds"] = round(time.perf_counter() - start, 1)
+    print(json.dumps(result), flush=True)
+    return result
+
+
+if __name__ == "__main__":
+    main()
