@@ -9,8 +9,8 @@
 
 from dlm_decode.cache import CACHES, get_cache
 from dlm_decode.core.config import DecodeConfig
-from dlm_decode.core.loop import GenerateOutput, generate
 from dlm_decode.core.state import DecodeState
+from dlm_decode.decode import GenerateOutput, generate
 from dlm_decode.models import demo_model_path, load_model
 from dlm_decode.samplers import SAMPLERS, get_sampler
 

@@ -14,6 +14,15 @@ import json
 import sys
 from typing import Any
 
+import dlm_decode
+from dlm_decode.cache import CACHES, get_cache
+from dlm_decode.core.inputs import encode_prompts
+from dlm_decode.decode import check_request
+from dlm_decode.models.loading import check_device, load_tokenizer, model_facts
+from dlm_decode.options import parse_kv
+from dlm_decode.samplers import SAMPLERS, get_sampler
+from dlm_decode.samplers.presets import PRESETS, get_preset
+
 # subcommand -> module exposing ``add_arguments(parser)`` and ``run(args) -> int``
 COMMANDS: dict[str, tuple[str, str]] = {
     "generate": ("dlm_decode.cli", "decode a batch of prompts with any sampler and cache"),
@@ -42,10 +51,6 @@ def missing_extra(command: str) -> str | None:
 
 def add_decoding_args(p: argparse.ArgumentParser, *, gen_length: int | None = 128) -> None:
     """Flags every decoding command shares (same names in generate, parallelbench, demo, benchmarks)."""
-    from dlm_decode.cache import CACHES
-    from dlm_decode.samplers import SAMPLERS
-    from dlm_decode.samplers.presets import PRESETS
-
     g = p.add_argument_group("decoding")
     g.add_argument("--sampler", default=None, help="sampler name (default low_confidence): " + ", ".join(SAMPLERS))
     g.add_argument(
@@ -89,9 +94,6 @@ def add_decoding_args(p: argparse.ArgumentParser, *, gen_length: int | None = 12
 
 def decoding_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     """Parsed flags -> keyword arguments of ``dlm_decode.generate`` (validated there)."""
-    from dlm_decode.options import parse_kv
-    from dlm_decode.samplers.presets import get_preset
-
     options = parse_kv(args.sampler_opt)
     preset = get_preset(args.preset) if getattr(args, "preset", None) else None
     overrides: dict[str, Any] = {}
@@ -127,9 +129,6 @@ def decoding_kwargs(args: argparse.Namespace) -> dict[str, Any]:
 
 def check_components(kw: dict[str, Any]) -> None:
     """Resolve sampler and cache (names and options) before any model is loaded, so typos fail at once."""
-    from dlm_decode.cache import get_cache
-    from dlm_decode.samplers import get_sampler
-
     get_sampler(kw["sampler"], kw["sampler_options"])
     get_cache(kw["cache"], kw["cache_options"])
 
@@ -144,11 +143,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import dlm_decode
-    from dlm_decode.core.inputs import encode_prompts
-    from dlm_decode.core.request import check_request
-    from dlm_decode.models.loading import check_device, load_tokenizer, model_facts
-
     check_device(args.device, "--device")
     if args.prompts and args.input_ids:
         raise ValueError("give either text prompts or --input-ids rows, not both")

@@ -3,18 +3,34 @@
 from __future__ import annotations
 
 import dataclasses
-import importlib
+import math
 import types
 import typing
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 
-def resolve(registry: dict[str, str], name: str, kind: str) -> type:
-    """Import the class registered as ``name`` ("module:Class"); unknown names list the valid ones."""
+def resolve(registry: dict[str, type[T]], name: str, kind: str) -> type[T]:
+    """The class registered as ``name``; unknown names list the valid ones."""
     if not isinstance(name, str) or name not in registry:
         raise ValueError(f"unknown {kind} {name!r}; valid {kind}s: {', '.join(sorted(registry))}")
-    module, cls = registry[name].split(":")
-    return getattr(importlib.import_module(module), cls)
+    return registry[name]
+
+
+def check_probability(owner: str, key: str, value: Any) -> None:
+    """Raise unless ``value`` is a number in (0, 1] (a threshold on a probability)."""
+    if not (isinstance(value, int | float) and math.isfinite(value) and 0.0 < value <= 1.0):
+        raise ValueError(f"{owner}: {key} must be in (0, 1], got {value!r}")
+
+
+def check_count(owner: str, key: str, value: Any, *, optional: bool = False) -> None:
+    """Raise unless ``value`` is an integer >= 1 (or None when ``optional``); bool is no count."""
+    if optional and value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        either = " (or None)" if optional else ""
+        raise ValueError(f"{owner}: {key} must be an integer >= 1{either}, got {value!r}")
 
 
 def _coerce(value: Any, tp: Any, key: str, owner: str) -> Any:

@@ -9,7 +9,7 @@ from checkpoints import llada_config, llada_state_dict
 from reference_cached_generate import dual_cache_generate, llada_cached_forward, prefix_cache_generate
 
 import dlm_decode
-import dlm_decode.core.loop as loop
+import dlm_decode.decode.loop as loop
 from dlm_decode.cache import CACHES, KVStore, get_cache
 from dlm_decode.samplers import SAMPLERS, get_sampler
 
@@ -26,7 +26,7 @@ EVERY_STEP = {
     "dkv_pd": {"refresh_interval": 1, "prompt_refresh_interval": 1},
     "window": {"refresh_cycle": 1, "prune_refresh": False},
 }
-FEW_SAMPLERS = [s for s in ("low_confidence", "threshold", "factor", "maskgit_plus") if s in SAMPLERS]
+FEW_SAMPLERS = ["low_confidence", "threshold", "factor", "maskgit_plus"]
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -172,8 +172,6 @@ RULES = [("low_confidence", {}), ("threshold", {"threshold": 0.5}), ("factor", {
 @pytest.mark.parametrize("rule,options", RULES, ids=[r for r, _ in RULES])
 @pytest.mark.parametrize("cache", ["prefix", "dual"])
 def test_fastdllm_token_identity(llada, llada_reference_forward, cache, rule, options, batch, gen, block, steps):
-    if rule not in SAMPLERS:
-        pytest.skip(f"sampler {rule!r} not registered")
     prompt = EQUAL[:batch]
     fn = prefix_cache_generate if cache == "prefix" else dual_cache_generate
     kw = dict(options)
@@ -222,20 +220,14 @@ def test_window_commits_only_active_masks(llada):
 @pytest.mark.parametrize("prune", [False, True])
 @pytest.mark.parametrize("sampler", ["low_confidence", "threshold"])
 @pytest.mark.parametrize("prompts", [PROMPTS, PROMPTS[:1]], ids=["mixed-batch", "one-row"])
-def test_window_gathered_masked_and_sliced_keys_decode_alike(llada, monkeypatch, sampler, prompts, prune):
+def test_window_gathered_masked_and_sliced_keys_decode_alike(llada, sampler, prompts, prune):
     """The window's keys as a gather (small windows), a mask over the canvas (large ones) or a view of one shared
     run of slots (a batch of one): the same attention, the same tokens."""
-    import dlm_decode.cache.window as window
-
     opts = {"refresh_cycle": 8, "window_tokens": 4, "active_tokens": 2, "prune_refresh": prune}
-    kw = dict(prompts=prompts, cache_options=opts, gen_length=32, block_length=16)
     runs = []
-    monkeypatch.setattr(window, "SLICE_RUNS", False)
-    for share in (1.0, 0.0):  # always gather, always mask
-        monkeypatch.setattr(window, "GATHER_AT_MOST", share)
+    for keys in ("gather", "mask", "auto"):  # always gather, always mask, a view of a shared run where there is one
+        kw = dict(prompts=prompts, cache_options=opts | {"keys": keys}, gen_length=32, block_length=16)
         runs.append(_run(llada, sampler, "window", **kw))
-    monkeypatch.setattr(window, "SLICE_RUNS", True)
-    runs.append(_run(llada, sampler, "window", **kw))
     for other in runs[1:]:
         assert torch.equal(runs[0].sequences, other.sequences) and runs[0].nfe == other.nfe
 
@@ -363,13 +355,11 @@ def test_classifier_free_guidance_doubles_the_store_rows(llada, cache):
     assert out.cache_bytes == 2 * n_layers * 2 * len(PROMPTS) * n_kv * out.sequences.shape[1] * hd * 4
 
 
-def test_window_view_of_keys_under_classifier_free_guidance(llada, monkeypatch):
+def test_window_view_of_keys_under_classifier_free_guidance(llada):
     """CFG doubles the rows (conditional + unconditional); the shared run of keys is read the same for both halves."""
-    import dlm_decode.cache.window as window
-
     kw = dict(prompts=PROMPTS[:1], gen_length=32, block_length=16, steps=32, cfg_scale=1.0)
     kw["cache_options"] = {"refresh_cycle": 8, "window_tokens": 4, "active_tokens": 2}
     viewed = _run(llada, "low_confidence", "window", **kw)
-    monkeypatch.setattr(window, "SLICE_RUNS", False)
+    kw["cache_options"] |= {"keys": "mask"}
     masked = _run(llada, "low_confidence", "window", **kw)
     assert torch.equal(viewed.sequences, masked.sequences) and viewed.nfe == masked.nfe

@@ -1,4 +1,4 @@
-"""Bad decoding input fails before any weight is read: one check (``core.request.check_request``) against the facts
+"""Bad decoding input fails before any weight is read: one check (``decode.request.check_request``) against the facts
 of ``config.json`` (vocabulary, MASK id, maximum length) and the prompts, made by every entry point.
 
 The checkpoint used here has a valid ``config.json`` and tokenizer but garbage in ``model.safetensors``: an argument
@@ -85,7 +85,7 @@ def test_generate_cli_good_arguments_do_reach_the_weights(no_weights, capsys):
 
 def test_python_api_facts_come_from_config_json_alone(no_weights):
     from dlm_decode.core.inputs import ModelFacts
-    from dlm_decode.core.request import check_request
+    from dlm_decode.decode import check_request
     from dlm_decode.models.loading import model_facts
 
     facts = model_facts(no_weights)  # the weights are garbage: reading them would fail
@@ -113,7 +113,6 @@ def test_loaded_model_has_the_same_facts_as_its_config(llada_dir, dream_dir):
 
 
 def test_lm_eval_plugin_checks_model_args_against_config_before_weights(no_weights):
-    pytest.importorskip("lm_eval")
     from dlm_decode.eval.lm import DLMDecodeLM
 
     with pytest.raises(ValueError, match="model_args: gen_length 256 leaves no room for a prompt") as e:

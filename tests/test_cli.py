@@ -9,7 +9,7 @@ import pytest
 from checkpoints import write_tokenizer
 
 from dlm_decode.cli import main
-from dlm_decode.samplers.base import SAMPLERS
+from dlm_decode.samplers import SAMPLERS
 
 BASELINES = ["low_confidence", "random", "origin", "maskgit_plus", "topk_margin", "entropy"]
 

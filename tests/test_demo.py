@@ -112,12 +112,10 @@ def test_demo_runs_without_a_data_directory_on_the_shipped_tasks(tok_dir, capsys
 
 
 def test_demo_gives_adaptive_block_the_tokenizers_newline_ids():
+    from transformers import AutoTokenizer
+
     from dlm_decode.demo import _with_tokenizer_delimiters
     from dlm_decode.models.loading import resolve_model_path
-
-    if not resolve_model_path("demo-llada").is_dir():
-        pytest.skip("demo-llada not shipped")
-    from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(resolve_model_path("demo-llada"))
     cfg = _with_tokenizer_delimiters({"sampler": "adaptive_block", "label": "adaptive_block"}, tok)

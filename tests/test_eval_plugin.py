@@ -2,8 +2,7 @@
 
 Covers model_args validation before loading, generate_until (until cuts, order, batch invariance), the Monte Carlo
 likelihood against a brute-force ELBO, the shipped tasks through ``simple_evaluate`` (an instance and the
-registered name), HumanEval's execution opt-in, the CLI wrapper, data parallelism (slow) and the demo model (skips
-without it).
+registered name), HumanEval's execution opt-in, the CLI wrapper, data parallelism (slow) and the shipped demo model.
 """
 
 from __future__ import annotations
@@ -18,25 +17,22 @@ import sys
 import textwrap
 from pathlib import Path
 
+import lm_eval
 import pytest
 import torch
+from checkpoints import write_tokenizer
+from conftest import REPO, SHARED_DATA
+from lm_eval.api.instance import Instance
 
-lm_eval = pytest.importorskip("lm_eval")
-
-from checkpoints import write_tokenizer  # noqa: E402
-from conftest import REPO, SHARED_DATA  # noqa: E402
-from lm_eval.api.instance import Instance  # noqa: E402
-
-import dlm_decode  # noqa: E402
-import dlm_decode.eval as dlm_eval  # noqa: E402
-from dlm_decode.eval import likelihood  # noqa: E402
-from dlm_decode.eval.answers import Generation, StatsTask, stats_of  # noqa: E402
-from dlm_decode.eval.cli import lm_eval_argv, stats_file  # noqa: E402
-from dlm_decode.eval.lm import DLMDecodeLM  # noqa: E402
-from dlm_decode.eval.options import parse_model_args  # noqa: E402
+import dlm_decode
+import dlm_decode.eval as dlm_eval
+from dlm_decode.eval import likelihood
+from dlm_decode.eval.answers import Generation, StatsTask, stats_of
+from dlm_decode.eval.cli import lm_eval_argv, stats_file
+from dlm_decode.eval.lm import DLMDecodeLM
+from dlm_decode.eval.options import parse_model_args
 
 needs_pb = pytest.mark.skipif(not SHARED_DATA.is_dir(), reason="official ParallelBench files not available")
-DEMO = REPO / "dlm_decode" / "demo_models" / "demo-llada"
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -337,7 +333,6 @@ _PLAIN_GENERATE = """
 """
 
 
-@pytest.mark.skipif(not DEMO.is_dir(), reason="demo-llada is not shipped")
 def test_plain_generate_until_task_scores_exact_match(tmp_path):
     """An ordinary generate_until task (string target, exact_match, no filters) through the registered name: lm-eval
     casts each gold answer to the answer's type, which crashed on the old ``str`` subclass."""
@@ -374,7 +369,6 @@ _PLAIN_CHOICE = """
 """
 
 
-@pytest.mark.skipif(not DEMO.is_dir(), reason="demo-llada is not shipped")
 def test_plain_multiple_choice_task_scores_what_loglikelihood_ranks(tmp_path):
     docs = [
         {"question": "Copy the list: Alice, Bob", "choices": ["Alice, Bob", "Bob", "Carol, Dan"], "answer": 0},
@@ -510,7 +504,6 @@ def test_data_parallel_two_cpu_processes_match_one(tok_dirs, tmp_path):
 # ---------------------------------------------------------------------------------------------- demo model
 
 
-@pytest.mark.skipif(not DEMO.is_dir(), reason="demo-llada is not shipped yet")
 @needs_pb
 @pytest.mark.parametrize(
     "op, decoding, lm_batch, runner_batch",

@@ -13,8 +13,9 @@ import torch
 from fake import ScriptedModel, peaked
 
 import dlm_decode
+from dlm_decode.decode.oracle import oracle_generate
 from dlm_decode.samplers.learned_filter import FilterMLP, filter_config, load_filter, save_filter
-from dlm_decode.samplers.oracle import Oracle, oracle_generate
+from dlm_decode.samplers.oracle import Oracle
 
 V, MASK, EOS = 16, 15, 1
 RECIPE = Path(__file__).resolve().parent.parent / "recipes" / "learn2pd"

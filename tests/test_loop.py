@@ -127,9 +127,9 @@ def test_end_of_turn_tokens_count_as_eos(llada, tmp_path):
     from checkpoints import EOS, EOT, write_tokenizer
     from transformers import AutoTokenizer
 
-    from dlm_decode.core.loop import _eos_ids
+    from dlm_decode.decode.prepare import eos_ids
 
     write_tokenizer(tmp_path)
     tok = AutoTokenizer.from_pretrained(tmp_path)
-    assert _eos_ids(llada, None) == [EOS]
-    assert _eos_ids(llada, tok) == sorted({EOS, EOT})
+    assert eos_ids(llada, None) == [EOS]
+    assert eos_ids(llada, tok) == sorted({EOS, EOT})

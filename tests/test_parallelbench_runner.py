@@ -18,8 +18,9 @@ from fake import ScriptedModel, peaked
 import dlm_decode
 from dlm_decode.cli import main
 from dlm_decode.models.loading import DEMO_DIR
-from dlm_decode.parallelbench.runner import ReferenceOracle, load_tasks, make_oracle, run_task, task_seed
+from dlm_decode.parallelbench.runner import load_tasks, run_task, task_seed
 from dlm_decode.parallelbench.sweep import attach_oracle, expand_grid, pbx, read_rows, run_sweep
+from dlm_decode.samplers.oracle import Oracle
 
 needs_data = pytest.mark.skipif(not SHARED_DATA.is_dir(), reason="official ParallelBench data not present")
 REPO = Path(__file__).resolve().parent.parent
@@ -153,41 +154,15 @@ def _chain_model(ref: list[int], prompt_len: int, vocab: int = 16, free: set[int
     return ScriptedModel(fn, vocab=vocab)
 
 
-@pytest.mark.parametrize("factory", [ReferenceOracle, make_oracle])
-def test_oracle_commits_exactly_the_matching_slots(factory):
+def test_oracle_commits_exactly_the_matching_slots():
     ref = [4, 5, 6, 7, 8, 9, 10, 11]
-    reference = torch.tensor([ref])
     kw = {"gen_length": 8, "block_length": 8, "cache": "none"}
-    sampler = factory(reference=reference) if factory is ReferenceOracle else factory(reference)
+    sampler = Oracle(reference=(tuple(ref),))
     out = dlm_decode.generate(_chain_model(ref, 2), [[3, 3]], sampler=sampler, trace=True, **kw)
     assert out.rows[0].generated_ids == ref and out.nfe == 8  # strictly left to right
     assert out.trace[0].tolist() == list(range(8))
-    sampler = factory(reference=reference) if factory is ReferenceOracle else factory(reference)
     out = dlm_decode.generate(_chain_model(ref, 2, free=set(range(8))), [[3, 3]], sampler=sampler, **kw)
     assert out.rows[0].generated_ids == ref and out.nfe == 1  # everything already right: one step
-
-
-def test_reference_oracle_commits_one_slot_when_nothing_matches():
-    ref = [4, 5, 6, 7]
-
-    def fn(canvas, step):  # argmax always wrong; the reference token is likeliest at slot 2, then 0, ...
-        out = torch.zeros(canvas.shape[0], canvas.shape[1], 16)
-        for i, y in enumerate(ref):
-            logits = peaked(12, 0.5)
-            logits[y] = torch.log(torch.tensor([0.1, 0.2, 0.4, 0.05][i]))
-            out[:, 2 + i] = logits
-        return out
-
-    out = dlm_decode.generate(
-        ScriptedModel(fn),
-        [[3, 3]],
-        sampler=ReferenceOracle(reference=torch.tensor([ref])),
-        gen_length=4,
-        block_length=4,
-        trace=True,
-    )
-    assert out.rows[0].generated_ids == ref and out.nfe == 4
-    assert out.trace[0].tolist() == [2, 1, 0, 3]  # by probability of the reference token
 
 
 # ------------------------------------------------------------------------------------------------ sweeps and PBx

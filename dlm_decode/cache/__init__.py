@@ -1,6 +1,7 @@
-"""Cache policies for diffusion decoding and the K/V store they share."""
+"""Cache policies for diffusion decoding and the K/V store they share (``get_cache`` in ``registry``)."""
 
-from dlm_decode.cache.base import CACHES, CachePolicy, StepPlan, get_cache, register_cache
+from dlm_decode.cache.base import CachePolicy, StepPlan
+from dlm_decode.cache.registry import CACHES, get_cache, register_cache
 from dlm_decode.cache.store import KVStore
 
 __all__ = ["CACHES", "CachePolicy", "KVStore", "StepPlan", "get_cache", "register_cache"]

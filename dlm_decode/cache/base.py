@@ -1,4 +1,4 @@
-"""The cache-policy interface and registry.
+"""The cache-policy interface (the registry is ``registry.py``).
 
 A cache remembers; it never decides what to commit. Per step, a policy returns a ``StepPlan``: which canvas slots
 the model recomputes (their fresh K/V are written into the call's ``KVStore``), and which keys the queries see.
@@ -14,18 +14,6 @@ import torch
 
 from dlm_decode.core.config import DecodeConfig
 from dlm_decode.core.state import DecodeState
-from dlm_decode.options import build, resolve
-
-CACHES: dict[str, str] = {
-    "none": "dlm_decode.cache.base:NoCache",
-    "prefix": "dlm_decode.cache.prefix:PrefixCache",
-    "dual": "dlm_decode.cache.dual:DualCache",
-    "dkv_decode": "dlm_decode.cache.dkv:DKVDecode",
-    "dkv_greedy": "dlm_decode.cache.dkv:DKVGreedy",
-    "dkv_prefill": "dlm_decode.cache.dkv:DKVPrefill",
-    "dkv_pd": "dlm_decode.cache.dkv:DKVPrefillDecode",
-    "window": "dlm_decode.cache.window:WindowCache",
-}
 
 
 @dataclass(frozen=True)
@@ -49,7 +37,7 @@ class CachePolicy:
     uses_store: ClassVar[bool] = True
 
     def check(self, config: DecodeConfig, sampler: Any, facts: Any) -> None:
-        """Validate against the decoding config, the sampler and the model's ``core.request.ModelFacts`` (None when
+        """Validate against the decoding config, the sampler and the model's ``core.inputs.ModelFacts`` (None when
         unknown), before any work."""
 
     def begin_block(self, state: DecodeState) -> None:
@@ -61,29 +49,3 @@ class CachePolicy:
 
     def after_step(self, state: DecodeState, committed: torch.Tensor) -> None:
         """``committed`` [B, T] bool: slots written this step."""
-
-
-@dataclass(frozen=True)
-class NoCache(CachePolicy):
-    """Recompute the whole canvas every step (the references' default)."""
-
-    name: ClassVar[str] = "none"
-    uses_store: ClassVar[bool] = False
-
-    def plan(self, state: DecodeState, region: tuple[int, int]) -> StepPlan:
-        return StepPlan(compute=slice(0, state.total_length), key_mask=state.key_mask(), refresh=True)
-
-
-def get_cache(name: str | CachePolicy | None, options: dict[str, Any] | None = None) -> CachePolicy:
-    """A cache policy by registered name with options, or an instance passed through; None means ``none``."""
-    if name is None:
-        name = "none"
-    if isinstance(name, CachePolicy):
-        if options:
-            raise ValueError("options given together with a cache instance; use dataclasses.replace instead")
-        return name
-    return build(resolve(CACHES, name, "cache"), options, "cache")
-
-
-def register_cache(name: str, target: str) -> None:
-    CACHES[name] = target

@@ -42,15 +42,15 @@ import torch
 from dlm_decode.cache.base import CachePolicy, StepPlan
 from dlm_decode.cache.plans import (
     compute_from_mask,
-    dilate,
     full_plan,
     refresh_due,
     region_mask,
     slots,
     with_predecessors,
 )
-from dlm_decode.cache.prefix import check_interval
+from dlm_decode.core.masks import dilate
 from dlm_decode.core.state import DecodeState
+from dlm_decode.options import check_count
 
 MAX_GREEDY_WINDOW = 3  # neighbours per side: the paper's window holds at most 6 neighbours
 
@@ -89,7 +89,7 @@ class DKVDecode(_Delayed):
     name: ClassVar[str] = "dkv_decode"
 
     def __post_init__(self) -> None:
-        check_interval(self.name, "refresh_interval", self.refresh_interval)
+        check_count(f"cache {self.name!r}", "refresh_interval", self.refresh_interval, optional=True)
 
     def plan(self, state: DecodeState, region: tuple[int, int]) -> StepPlan:
         prev = self._previous(state)
@@ -110,7 +110,7 @@ class DKVGreedy(_Delayed):
     name: ClassVar[str] = "dkv_greedy"
 
     def __post_init__(self) -> None:
-        check_interval(self.name, "refresh_interval", self.refresh_interval)
+        check_count(f"cache {self.name!r}", "refresh_interval", self.refresh_interval, optional=True)
         w = self.window
         if isinstance(w, bool) or not isinstance(w, int) or not 0 <= w <= MAX_GREEDY_WINDOW:
             raise ValueError(f"cache {self.name!r}: window must be an integer in [0, {MAX_GREEDY_WINDOW}], got {w!r}")
@@ -137,7 +137,7 @@ class DKVPrefill(CachePolicy):
     name: ClassVar[str] = "dkv_prefill"
 
     def __post_init__(self) -> None:
-        check_interval(self.name, "refresh_interval", self.refresh_interval)
+        check_count(f"cache {self.name!r}", "refresh_interval", self.refresh_interval, optional=True)
 
     def plan(self, state: DecodeState, region: tuple[int, int]) -> StepPlan:
         if state.step == 0 or (self.refresh_interval is not None and refresh_due(state, self.refresh_interval)):
@@ -155,8 +155,8 @@ class DKVPrefillDecode(_Delayed):
     name: ClassVar[str] = "dkv_pd"
 
     def __post_init__(self) -> None:
-        check_interval(self.name, "refresh_interval", self.refresh_interval)
-        check_interval(self.name, "prompt_refresh_interval", self.prompt_refresh_interval)
+        check_count(f"cache {self.name!r}", "refresh_interval", self.refresh_interval, optional=True)
+        check_count(f"cache {self.name!r}", "prompt_refresh_interval", self.prompt_refresh_interval, optional=True)
 
     def plan(self, state: DecodeState, region: tuple[int, int]) -> StepPlan:
         prev = self._previous(state)

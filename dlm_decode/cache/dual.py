@@ -30,8 +30,8 @@ from dlm_decode.cache.plans import (
     slots,
     with_predecessors,
 )
-from dlm_decode.cache.prefix import check_interval
 from dlm_decode.core.state import DecodeState
+from dlm_decode.options import check_count
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,7 @@ class DualCache(CachePolicy):
     name: ClassVar[str] = "dual"
 
     def __post_init__(self) -> None:
-        check_interval(self.name, "refresh_interval", self.refresh_interval)
+        check_count(f"cache {self.name!r}", "refresh_interval", self.refresh_interval, optional=True)
 
     def plan(self, state: DecodeState, region: tuple[int, int]) -> StepPlan:
         if refresh_due(state, self.refresh_interval):

@@ -11,7 +11,6 @@ row's output depend on its batch mates.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from dlm_decode.cache.base import StepPlan
 from dlm_decode.core.state import DecodeState
@@ -50,13 +49,6 @@ def with_predecessors(targets: torch.Tensor, shift: int) -> torch.Tensor:  # [B,
     out = targets.clone()
     out[:, :-shift] |= targets[:, shift:]
     return out
-
-
-def dilate(mask: torch.Tensor, radius: int) -> torch.Tensor:  # [B, T] -> slots within ``radius`` of a True slot
-    if radius == 0:
-        return mask
-    pooled = F.max_pool1d(mask[:, None].float(), kernel_size=2 * radius + 1, stride=1, padding=radius)
-    return pooled[:, 0] > 0
 
 
 def mask_ranks(masked: torch.Tensor) -> torch.Tensor:  # [B, T]: 1 for a row's first MASK, 2 for its second, ...

@@ -32,12 +32,7 @@ from dlm_decode.cache.plans import (
     with_predecessors,
 )
 from dlm_decode.core.state import DecodeState
-
-
-def check_interval(owner: str, key: str, value: int | None) -> None:
-    """Raise unless ``value`` is None or an integer >= 1."""
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-        raise ValueError(f"cache {owner!r}: {key} must be an integer >= 1 (or None), got {value!r}")
+from dlm_decode.options import check_count
 
 
 @dataclass(frozen=True)
@@ -47,7 +42,7 @@ class PrefixCache(CachePolicy):
     name: ClassVar[str] = "prefix"
 
     def __post_init__(self) -> None:
-        check_interval(self.name, "refresh_interval", self.refresh_interval)
+        check_count(f"cache {self.name!r}", "refresh_interval", self.refresh_interval, optional=True)
 
     def plan(self, state: DecodeState, region: tuple[int, int]) -> StepPlan:
         if refresh_due(state, self.refresh_interval):

@@ -32,11 +32,12 @@ step; we follow the LLaDA variant for both models. Sampler counts are unchanged 
 still counts every mask); a count larger than the active masks commits only those, and an all-in commit (a row
 stopping early) fills only the active masks with proposals, the loop fills the rest.
 
-How the keys are read (the same attention each way): when they are one run of slots shared by every row (a batch of
-one decoding in blocks: the prompt, the decoded tokens and the first masks), as a view of that run of the store, so
-attention costs the window's length, not the canvas's; otherwise gathered (``key_index``) while the window holds at
-most half of the canvas, and past that (long prompts, late in a long generation) the whole canvas with the far
-field masked out, which avoids a per-layer gather that cost more than it saved (measured at gen 1024, demo model).
+How the keys are read (the same attention each way; option ``keys``): ``auto`` (default) reads them, when they are
+one run of slots shared by every row (a batch of one decoding in blocks: the prompt, the decoded tokens and the first
+masks), as a view of that run of the store, so attention costs the window's length, not the canvas's; otherwise
+gathered (``key_index``) while the window holds at most half of the canvas (``GATHER_AT_MOST``), and past that (long
+prompts, late in a long generation) as the whole canvas with the far field masked out, which avoids a per-layer gather
+that cost more than it saved (measured at gen 1024, demo model). ``gather`` and ``mask`` force one way.
 """
 
 from __future__ import annotations
@@ -57,9 +58,10 @@ from dlm_decode.cache.plans import (
     with_predecessors,
 )
 from dlm_decode.core.state import DecodeState
+from dlm_decode.options import check_count
 
-GATHER_AT_MOST = 0.5  # gather the window's keys only while they are at most this share of the canvas
-SLICE_RUNS = True  # attend through a view of the store when the keys are one run of slots shared by every row
+GATHER_AT_MOST = 0.5  # auto: gather the window's keys only while they are at most this share of the canvas
+KEY_READS = ("auto", "gather", "mask")  # how pruned steps read the window's keys (the same attention each way)
 
 
 @dataclass(frozen=True)
@@ -68,16 +70,17 @@ class WindowCache(CachePolicy):
     window_tokens: int = 64  # masks kept visible in attention during a phase (besides every decoded token)
     active_tokens: int = 16  # masks recomputed (and committable) at each pruned step
     prune_refresh: bool = False  # True: a phase's first step computes only the window (Dream reference)
+    keys: str = "auto"  # auto: a view of one shared run, else a gather or a mask by the window's share; or force one
 
     name: ClassVar[str] = "window"
 
     def __post_init__(self) -> None:
         for key in ("refresh_cycle", "window_tokens", "active_tokens"):
-            v = getattr(self, key)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"cache {self.name!r}: {key} must be an integer >= 1, got {v!r}")
+            check_count(f"cache {self.name!r}", key, getattr(self, key))
         if not isinstance(self.prune_refresh, bool):
             raise ValueError(f"cache {self.name!r}: prune_refresh must be true or false, got {self.prune_refresh!r}")
+        if self.keys not in KEY_READS:
+            raise ValueError(f"cache {self.name!r}: keys must be one of {', '.join(KEY_READS)}, got {self.keys!r}")
 
     def _memory(self, state: DecodeState) -> dict[str, Any]:
         mem = state.scratch.get(f"cache/{self.name}")
@@ -119,14 +122,14 @@ class WindowCache(CachePolicy):
         """Every decoded slot (prompt included) plus each row's first ``window_tokens`` masks."""
         return state.valid & (~masked | (mask_ranks(masked) <= self.window_tokens))
 
-    @staticmethod
-    def _step(state, region, need, window, candidates, refresh=False) -> StepPlan:
+    def _step(self, state, region, need, window, candidates, refresh=False) -> StepPlan:
         """Compute ``need`` [B, T] against the keys ``window | need``: a view of one shared run, a gather or a mask."""
         keys = (window | need) & state.valid  # [B, T]
-        run = shared_run(keys) if SLICE_RUNS else None
+        run = shared_run(keys) if self.keys == "auto" else None
         if run is not None:  # one run of slots for every row (batch of one, block decoding): a view of the store
             key_index, key_mask = run, None
-        elif int(keys.sum(1).max()) > GATHER_AT_MOST * keys.shape[1]:  # mostly visible: mask the canvas, no gather
+        elif self.keys == "mask" or (self.keys == "auto" and int(keys.sum(1).max()) > GATHER_AT_MOST * keys.shape[1]):
+            # mostly visible: mask the canvas, no gather
             key_index, key_mask = None, keys
         else:
             key_index, key_mask = keys_from_mask(keys)

@@ -1,4 +1,4 @@
-"""The decoding core: configuration (``config``), state (``state``), proposals and the one decode loop (``loop``).
-
-Import from the submodules (``dlm_decode.core.loop.generate``) or from the top-level package.
+"""The floor of the decoding package: configuration and the length rule (``config``), state (``state``), token
+proposals (``proposals``), prompt encoding and checks (``inputs``), slot-mask helpers (``masks``), checkpoint files
+(``files``). Nothing here imports ``samplers``, ``cache`` or the loop (``dlm_decode.decode``), which stand on it.
 """

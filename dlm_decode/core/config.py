@@ -11,8 +11,8 @@ class DecodeConfig:
     """What the loop needs to know, independent of the sampler's own hyperparameters.
 
     gen_length: generation slots after the prompt (L).
-    block_length: semi-autoregressive block size; None picks the sampler's default (32, or L for the Dream
-        orderings, which have no blocks in their reference).
+    block_length: semi-autoregressive block size; None picks the sampler's default (``resolve_lengths``: 32, or L
+        for the Dream orderings, which have no blocks in their reference).
     steps: total step budget over all blocks for fixed-budget samplers (LLaDA / Dream schedules); None = L.
         Threshold-style samplers ignore it (their bound is one token per step).
     temperature, top_p, top_k: token sampling; temperature 0 is greedy and ignores the seed. ``top_k`` 0 and
@@ -49,3 +49,18 @@ class DecodeConfig:
             raise ValueError(f"top_k must be an integer >= 0 (0: no top-k filter) or None, got {self.top_k!r}")
         if not math.isfinite(self.cfg_scale) or self.cfg_scale < 0:
             raise ValueError(f"cfg_scale must be >= 0, got {self.cfg_scale!r}")
+
+
+DEFAULT_BLOCK_LENGTH = 32  # blockwise samplers' block when none is given (LLaDA / Fast-dLLM references)
+
+
+def resolve_lengths(
+    gen_length: int, block_length: int | None = None, steps: int | None = None, *, blockwise: bool = True
+) -> tuple[int, int]:
+    """The one rule for unset lengths: ``(block length, total steps)`` a request decodes with.
+
+    ``block_length`` as given, else ``DEFAULT_BLOCK_LENGTH`` (at most ``gen_length``) for blockwise samplers and
+    ``gen_length`` for the others (the Dream orderings: one block); ``steps`` as given, else ``gen_length``.
+    """
+    block = block_length or (min(DEFAULT_BLOCK_LENGTH, gen_length) if blockwise else gen_length)
+    return block, steps if steps is not None else gen_length

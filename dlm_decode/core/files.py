@@ -12,6 +12,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from safetensors import SafetensorError, safe_open
+
 Shapes = dict[str, tuple[int, ...]]
 
 
@@ -40,8 +42,6 @@ def read_json_object(path: str | Path, what: str) -> dict[str, Any]:
 
 def safetensors_shapes(path: str | Path, what: str) -> Shapes:
     """Tensor names and shapes from a safetensors header (no tensor data is read); a damaged file is an error."""
-    from safetensors import SafetensorError, safe_open
-
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"{what} {p} not found")

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -20,6 +20,8 @@ class ModelFacts:
     mask_id: int
     max_length: int  # max_sequence_length (LLaDA) / max_position_embeddings (Dream): prompt + generation
     model_type: str = "unknown"
+    # what the model's own generate samples with when its caller leaves an option unset (``model.sampling_defaults``)
+    sampling_defaults: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def of_model(cls, model: Any) -> ModelFacts:
@@ -29,6 +31,7 @@ class ModelFacts:
             mask_id=int(model.mask_token_id),
             max_length=int(model.max_sequence_length),
             model_type=str(getattr(model.config, "model_type", type(model).__name__)),
+            sampling_defaults=dict(getattr(model, "sampling_defaults", {}) or {}),
         )
 
 

@@ -34,6 +34,8 @@ from dataclasses import dataclass
 
 import torch
 
+from dlm_decode.decode import generate
+
 
 def request_seed(seed: int, context: Sequence[int], continuation: Sequence[int]) -> int:
     """A 63-bit seed from the run seed and the request's tokens (stable across processes and Python versions)."""
@@ -174,8 +176,6 @@ def greedy_matches(
 ) -> list[bool]:
     """Whether decoding the fully masked continuation one token per step, highest confidence first (LLaDA's
     ``suffix_greedy_prediction``), reproduces it."""
-    from dlm_decode.core.loop import generate
-
     out = [False] * len(requests)
     by_len: dict[int, list[int]] = {}
     for i, (_, cont) in enumerate(requests):

@@ -34,7 +34,8 @@ from lm_eval.api.registry import register_model
 from tqdm.auto import tqdm
 
 from dlm_decode.cache import get_cache
-from dlm_decode.core.loop import generate
+from dlm_decode.core.config import resolve_lengths
+from dlm_decode.decode import generate
 from dlm_decode.eval import likelihood
 from dlm_decode.eval.answers import answer_stats, append_jsonl, attach_stats, cut_answer
 from dlm_decode.eval.options import EvalOptions, check_decoding, decode_config, describe, parse_model_args
@@ -262,7 +263,7 @@ class DLMDecodeLM(LM):
         if opts.gen_length is not None:
             return opts.gen_length
         want = int(gen_kwargs.get("max_gen_toks") or 128)
-        block = opts.block_length or (min(32, want) if self.sampler.blockwise else want)
+        block, _ = resolve_lengths(want, opts.block_length, blockwise=self.sampler.blockwise)
         return -(-want // block) * block  # rounded up to whole blocks
 
     def generate_until(self, requests: list[Any], disable_tqdm: bool = False) -> list[str]:

@@ -19,11 +19,13 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from dlm_decode.core.config import DecodeConfig
+from dlm_decode.cache import get_cache
+from dlm_decode.core.config import DEFAULT_BLOCK_LENGTH, DecodeConfig
 from dlm_decode.core.inputs import ModelFacts
-from dlm_decode.core.request import check_request
+from dlm_decode.decode import check_request
 from dlm_decode.models.loading import DTYPES
 from dlm_decode.options import build
+from dlm_decode.samplers import get_sampler
 
 LL_METHODS = ("auto", "llada", "dream")
 
@@ -145,9 +147,6 @@ def decode_config(opts: EvalOptions, gen_length: int) -> DecodeConfig:
 def check_decoding(opts: EvalOptions, facts: ModelFacts | None = None) -> None:
     """What model_args (and the model's ``facts``, read from config.json before loading) decide, checked by
     ``check_request``; without gen_length (each task decides it) only the sampler, cache and sampling options."""
-    from dlm_decode.cache import get_cache
-    from dlm_decode.samplers import get_sampler
-
     try:
         if opts.gen_length is not None:
             kw = dict(sampler_options=opts.sampler_options, cache=opts.cache, cache_options=opts.cache_options)
@@ -155,7 +154,7 @@ def check_decoding(opts: EvalOptions, facts: ModelFacts | None = None) -> None:
         else:
             get_sampler(opts.sampler, opts.sampler_options)
             get_cache(opts.cache, opts.cache_options)
-            decode_config(opts, opts.block_length or 32)
+            decode_config(opts, opts.block_length or DEFAULT_BLOCK_LENGTH)  # any valid gen_length checks the rest
     except ValueError as e:
         raise ValueError(f"model_args: {e}") from None
 

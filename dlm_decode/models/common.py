@@ -100,6 +100,18 @@ class DiffusionLMMixin:
 
     logit_shift: int = 0
 
+    def _init_weights(self, module: nn.Module) -> None:
+        """transformers' weight init for fresh models (LLaDA and Dream alike): normal(0.02) linears and embeddings,
+        zero biases, unit RMSNorm scales. Checkpoints overwrite every tensor."""
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, std=0.02)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, std=0.02)
+        elif isinstance(module, RMSNorm):
+            nn.init.ones_(module.weight)
+
     # -- attributes read by the decoder -------------------------------------------------------------------
     @property
     def mask_token_id(self) -> int:

@@ -157,17 +157,6 @@ class LLaDAModelLM(DiffusionLMMixin, PreTrainedModel):
         self.model = LLaDAModel(config)
         self.post_init()
 
-    def _init_weights(self, module: nn.Module) -> None:
-        std = 0.02
-        if isinstance(module, nn.Linear):
-            nn.init.normal_(module.weight, std=std)
-            if module.bias is not None:
-                nn.init.zeros_(module.bias)
-        elif isinstance(module, nn.Embedding):
-            nn.init.normal_(module.weight, std=std)
-        elif isinstance(module, RMSNorm):
-            nn.init.ones_(module.weight)
-
     def get_input_embeddings(self) -> nn.Embedding:
         return self.model.transformer.wte
 

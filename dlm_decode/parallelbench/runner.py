@@ -17,13 +17,14 @@ forwards each row took part in; tokens per step is the paper's ``max_tokens / NF
 metric is unavailable are not decoded: they come back with ``skipped`` set and the CLI prints a notice. Every result
 records the torch thread count it was timed with (``threads``): CPU timings depend on it far more than on the rule.
 
-Oracle bound (Learn2PD's "extremely greedy parallel", ALGORITHMS.md section 5): decode one token per step
-(``low_confidence``, ``steps = gen_length``, same block length, no cache, temperature 0) to get the reference ``y``;
-re-decode unmasking, at every step, exactly the masked block slots whose current argmax equals ``y``. When no slot
-matches, the masked block slot giving ``y`` the highest probability is committed (with its ``y`` token), so every step
-commits at least one token and the oracle reproduces ``y`` exactly: its score is the one-token-per-step score and its
-NFE is the per-sample bound every sampler's NFE is read against. A registered ``oracle`` sampler taking a
-``reference`` option is used when present (:func:`make_oracle`); otherwise :class:`ReferenceOracle` below.
+Oracle bound (Learn2PD's "extremely greedy parallel", ALGORITHMS.md section 5), run by
+``dlm_decode.decode.oracle.oracle_generate`` with the sampler ``dlm_decode.samplers.oracle.Oracle``: decode one token
+per step (``low_confidence``, ``steps = gen_length``, same block length, no cache, temperature 0) to get the reference
+``y``; re-decode committing, at every step, exactly the masked block slots whose current proposal equals ``y`` (with
+``y``'s token). When a step's block proposals repeat the previous step's (the model is stuck), the block is filled
+with ``y``, as Learn2PD's reference does; a block is also bounded by ``2 * block_length`` forwards. The oracle
+therefore reproduces ``y`` exactly: its score is the one-token-per-step score and its NFE is the per-sample bound
+every sampler's NFE is read against. ``sampler="oracle"`` runs the oracle itself as the method.
 """
 
 from __future__ import annotations
@@ -33,18 +34,16 @@ import hashlib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 from tqdm.auto import tqdm
 
 from dlm_decode.core.inputs import ModelFacts, encode_prompts
-from dlm_decode.core.request import check_request
-from dlm_decode.core.state import DecodeState
+from dlm_decode.decode import check_request, generate, oracle_generate
 from dlm_decode.parallelbench.generator import generate_task, load_names, sample_key
 from dlm_decode.parallelbench.metrics import MetricUnavailable, score_sample
 from dlm_decode.parallelbench.tasks import Task, list_tasks, load_task, max_new_tokens, task_kind
-from dlm_decode.samplers.base import SAMPLERS, Sampler, Selection, candidates, top_k_per_row
 
 DATA_ENV = "DLM_PARALLELBENCH_DATA"
 GENERATABLE_KINDS = ("waiting_line", "puzzle")
@@ -142,59 +141,17 @@ def skip_reason(task: Task) -> str | None:
 # ------------------------------------------------------------------------------------------------ oracle
 
 
-@dataclass(frozen=True)
-class ReferenceOracle(Sampler):
-    """Learn2PD's oracle: commit the masked block slots whose argmax equals the reference (at least one per step)."""
-
-    name: ClassVar[str] = "oracle"
-    reference: torch.Tensor | None = None  # [B, L] reference tokens of the generation slots
-
-    def select(self, state: DecodeState, logits: torch.Tensor, r0: int) -> Selection:
-        if self.reference is None:
-            raise ValueError("the oracle needs the reference answer (reference=[B, L] token ids)")
-        r1 = r0 + logits.shape[1]
-        p = state.prompt_len
-        ref = self.reference.to(state.device)[:, r0 - p : r1 - p]  # [B, R]
-        cand = candidates(state, r0, r1)
-        x0 = logits.masked_fill(_mask_col(logits, state.mask_id), float("-inf")).argmax(-1)  # [B, R]
-        match = (x0 == ref) & cand
-        p_ref = torch.log_softmax(logits.double(), -1).gather(-1, ref[..., None]).squeeze(-1)  # [B, R]
-        best = top_k_per_row(torch.where(cand, p_ref, float("-inf")), cand.any(1).long())
-        commit = match | (best & ~match.any(1, keepdim=True))
-        return Selection(commit=commit & cand, tokens=ref)
-
-
-def _mask_col(logits: torch.Tensor, mask_id: int) -> torch.Tensor:
-    col = torch.zeros(logits.shape[-1], dtype=torch.bool, device=logits.device)
-    if 0 <= mask_id < logits.shape[-1]:
-        col[mask_id] = True
-    return col
-
-
-def make_oracle(reference: torch.Tensor) -> Sampler:
-    """The library's oracle sampler (registered as ``oracle``, or ``dlm_decode.samplers.oracle.Oracle``) fed with
-    the reference answer; :class:`ReferenceOracle` when neither exists or takes a ``reference``."""
-    cls = None
-    if "oracle" in SAMPLERS:
-        from dlm_decode.options import resolve
-
-        cls = resolve(SAMPLERS, "oracle", "sampler")
-    else:
-        try:
-            from dlm_decode.samplers.oracle import Oracle as cls
-        except ImportError:
-            cls = None
-    if cls is not None and "reference" in {f.name for f in dataclasses.fields(cls)}:
-        return cls(reference=tuple(tuple(row) for row in reference.tolist()))
-    return ReferenceOracle(reference=reference)
+def oracle_kwargs(kw: dict[str, Any]) -> dict[str, Any]:
+    """The run's gen length, block length, seed and guidance, no cache, greedy: both oracle passes decode with these
+    (``oracle_generate`` adds the sampler and the reference pass's one-token-per-step budget)."""
+    keep = ("gen_length", "block_length", "seed", "cfg_scale")
+    return {k: kw[k] for k in keep if k in kw} | {"cache": "none", "cache_options": {}, "temperature": 0.0}
 
 
 def reference_kwargs(kw: dict[str, Any]) -> dict[str, Any]:
     """One token per step with the run's gen length and block length: the oracle's reference decode."""
-    keep = ("gen_length", "block_length", "seed", "cfg_scale")
-    ref = {k: kw[k] for k in keep if k in kw}
-    one_per_step = {"sampler": "low_confidence", "sampler_options": {}, "steps": ref["gen_length"]}
-    return ref | one_per_step | {"cache": "none", "cache_options": {}, "temperature": 0.0}
+    ref = oracle_kwargs(kw)
+    return ref | {"sampler": "low_confidence", "sampler_options": {}, "steps": ref["gen_length"]}
 
 
 # ------------------------------------------------------------------------------------------------ running
@@ -252,11 +209,11 @@ def task_kwargs(decoding: dict[str, Any], task: str, k: int | None = None) -> di
 def check_task_kwargs(
     kw: dict[str, Any], task: Task | str, facts: ModelFacts | None = None, tokenizer: Any = None
 ) -> None:
-    """The checks ``generate`` makes (``check_request``), so a bad configuration fails before any decoding. Given the
-    model's ``facts`` and ``tokenizer``, a scored task's prompts are checked too (vocabulary, length with its
+    """``check_request`` (the one validation ``generate`` runs), so a bad configuration fails before any decoding.
+    Given the model's ``facts`` and ``tokenizer``, a scored task's prompts are checked too (vocabulary, length with its
     gen_length). Errors start with the task name."""
     name = task if isinstance(task, str) else task.name
-    if kw.get("sampler") == "oracle" and "oracle" not in SAMPLERS:
+    if kw.get("sampler") == "oracle":
         kw = reference_kwargs(kw)  # the oracle's own sampler is built per batch; its reference decode is checked
     rows = None
     if facts is not None and tokenizer is not None and isinstance(task, Task) and skip_reason(task) is None:
@@ -290,8 +247,6 @@ def run_task(
 ) -> TaskResult:
     """Decode and score every sample of ``task``. ``decoding``: ``generate`` keyword arguments (sampler, cache,
     block_length, steps, temperature, seed, ...); ``sampler="oracle"`` runs the oracle itself as the method."""
-    import dlm_decode
-
     kw = task_kwargs(decoding or {}, task.name, k)
     gen = kw["gen_length"]
     reason = skip_reason(task)
@@ -315,23 +270,22 @@ def run_task(
         idx = order[b0 : b0 + batch_size]
         batch = [chats[i] for i in idx]
         ref = None
-        if want_oracle or _is_reference(kw):
-            ref = dlm_decode.generate(model, batch, tokenizer=tokenizer, chat=True, trace=True, **reference_kwargs(kw))
         if want_oracle:
-            okw = {**reference_kwargs(kw), "sampler": make_oracle(ref.generated), "sampler_options": None}
-            orc = dlm_decode.generate(model, batch, tokenizer=tokenizer, chat=True, trace=True, **okw)
+            ref, orc, _ = oracle_generate(model, batch, tokenizer=tokenizer, chat=True, trace=True, **oracle_kwargs(kw))
             if not torch.equal(orc.generated, ref.generated):
                 raise RuntimeError(f"{task.name}: the oracle did not reproduce its reference answer")
             for j, i in enumerate(idx):
                 oracle_nfe[i] = orc.rows[j].nfe
                 ref_texts[i] = ref.rows[j].text or ""
+        elif _is_reference(kw):
+            ref = generate(model, batch, tokenizer=tokenizer, chat=True, trace=True, **reference_kwargs(kw))
         if as_oracle:
             out = orc
             out.seconds += ref.seconds  # the bound needs both passes
         elif ref is not None and _is_reference(kw):
             out = ref
         else:
-            out = dlm_decode.generate(model, batch, tokenizer=tokenizer, chat=True, trace=True, **kw)
+            out = generate(model, batch, tokenizer=tokenizer, chat=True, trace=True, **kw)
         seconds += out.seconds
         result.sampler = {} if as_oracle else out.sampler
         result.cache = out.cache
@@ -366,12 +320,10 @@ def run_task(
 
 def warm_up(model: Any, tokenizer: Any, tasks: list[Task]) -> None:
     """One short untimed decode, so one-time costs (allocator growth, lazy init) stay out of the first timing."""
-    import dlm_decode
-
     task = next((t for t in tasks if t.samples), None)
     if task is not None:
         gen = max_new_tokens(task.name)
-        dlm_decode.generate(model, [task.messages(0)], tokenizer=tokenizer, chat=True, gen_length=gen, steps=4)
+        generate(model, [task.messages(0)], tokenizer=tokenizer, chat=True, gen_length=gen, steps=4)
 
 
 def _metric_key(task: Task) -> Any:

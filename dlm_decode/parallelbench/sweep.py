@@ -28,6 +28,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from dlm_decode.cache import get_cache
+from dlm_decode.core.config import resolve_lengths
 from dlm_decode.core.files import read_json_object
 from dlm_decode.parallelbench.aup import aup_table
 from dlm_decode.parallelbench.runner import (
@@ -40,6 +42,7 @@ from dlm_decode.parallelbench.runner import (
     warm_up,
 )
 from dlm_decode.parallelbench.tasks import Task, max_new_tokens
+from dlm_decode.samplers import get_sampler
 
 PB_LEVELS = (90, 80, 70, 60)
 
@@ -194,9 +197,6 @@ def check_out(out: str | Path, what: str = "out") -> Path:
 def check_config(cfg: dict[str, Any]) -> None:
     """A config's sampler and cache resolve with their options (independent of any task); errors list the valid
     names and options."""
-    from dlm_decode.cache import get_cache
-    from dlm_decode.samplers import get_sampler
-
     try:
         if cfg["sampler"] != "oracle":  # the oracle is built per batch from its reference answers
             get_sampler(cfg["sampler"], cfg["sampler_options"])
@@ -338,9 +338,11 @@ def run_sweep(
 
 
 def _block_of(row: dict[str, Any]) -> int:
+    """The block a row decoded with: its config's, clipped to the gen length as ``task_kwargs`` does, else the
+    default (the oracle rows it is matched with are blockwise)."""
     b = (row.get("config") or {}).get("block_length")
     gen = row.get("gen_length") or max_new_tokens(row["task"])
-    return min(b or 32, gen)
+    return resolve_lengths(gen, min(b, gen) if b else None)[0]
 
 
 def attach_oracle(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -30,8 +30,9 @@ from typing import Any, ClassVar
 import torch
 
 from dlm_decode.core.state import DecodeState
+from dlm_decode.options import check_probability
 from dlm_decode.samplers.base import Sampler, Selection, candidates
-from dlm_decode.samplers.threshold import check_probability, top1
+from dlm_decode.samplers.threshold import top1
 
 LLADA_DELIMITER_IDS = (198,)
 DREAM_DELIMITER_IDS = (
@@ -62,8 +63,7 @@ class AdaptiveBlock(Sampler):
         check_probability(self.name, "threshold", self.threshold)
         if math.isnan(self.delimiter_threshold):
             raise ValueError(f"{self.name}: delimiter_threshold must be a number (inf for fixed blocks), got nan")
-        if not 0.0 < self.window_fraction <= 1.0:
-            raise ValueError(f"{self.name}: window_fraction must be in (0, 1], got {self.window_fraction!r}")
+        check_probability(self.name, "window_fraction", self.window_fraction)
         if any(i < 0 for i in self.delimiter_ids):
             raise ValueError(f"{self.name}: delimiter_ids must be token ids >= 0, got {self.delimiter_ids!r}")
 
@@ -101,11 +101,12 @@ class AdaptiveBlock(Sampler):
 
     def select(self, state: DecodeState, logits: torch.Tensor, r0: int) -> Selection:
         x0, conf = self.proposals(state, logits)  # [B, R], [B, R] float64
+        block_end = None  # [B] the block's new ends, returned to the loop at the block's first step
         if state.block_step == 0:
             todo = ~state.finished
-            state.block_end = torch.where(todo, self._block_ends(state, x0, conf, r0), state.block_end)
-            sizes = torch.where(todo, state.block_end - state.block_starts, -1)
+            block_end = torch.where(todo, self._block_ends(state, x0, conf, r0), state.block_end)
+            sizes = torch.where(todo, block_end - state.block_starts, -1)
             state.scratch.setdefault(self.name, []).append(sizes.tolist())  # block sizes per row (-1: idle)
-        cand = candidates(state, r0, r0 + logits.shape[1])
+        cand = candidates(state, r0, r0 + logits.shape[1], block_end)  # within the new ends
         commit = top1(conf, cand) | (cand & (conf >= self.threshold))
-        return Selection(commit=commit, tokens=x0)
+        return Selection(commit=commit, tokens=x0, block_end=block_end)

@@ -111,11 +111,18 @@ class EarlyCommit(Sampler):
     def max_block_steps(self, state: DecodeState) -> int:
         return self._base().max_block_steps(state)
 
+    def forced_tokens(self, state: DecodeState) -> Selection | None:
+        """The forced answer prefix, written as context before the first forward."""
+        if not self.prefix_ids:
+            return None
+        s = state.prompt_len + self.prefix_offset
+        commit = torch.zeros_like(state.canvas, dtype=torch.bool)  # [B, T]
+        commit[:, s : s + len(self.prefix_ids)] = True
+        tokens = torch.full_like(state.canvas, state.mask_id)
+        tokens[:, s : s + len(self.prefix_ids)] = torch.tensor(self.prefix_ids, dtype=torch.long, device=state.device)
+        return Selection(commit=commit, tokens=tokens)
+
     def begin_block(self, state: DecodeState) -> None:
-        if state.block_index == 0 and self.prefix_ids:
-            s = state.prompt_len + self.prefix_offset
-            ids = torch.tensor(self.prefix_ids, dtype=torch.long, device=state.device)
-            state.canvas[:, s : s + len(self.prefix_ids)] = ids
         self._base().begin_block(state)
 
     def region(self, state: DecodeState) -> tuple[int, int]:
@@ -126,8 +133,7 @@ class EarlyCommit(Sampler):
         return r0, state.total_length
 
     def tau(self, state: DecodeState) -> float:
-        budget = state.config.steps if state.config.steps is not None else state.config.gen_length
-        progress = (state.step + 1) / budget
+        progress = (state.step + 1) / state.steps  # over the call's whole budget
         t = self.thresholds
         return t[0] if progress < self.phases[0] else t[1] if progress < self.phases[1] else t[2]
 

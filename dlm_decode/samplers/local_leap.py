@@ -15,19 +15,12 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
-import torch.nn.functional as F
 
+from dlm_decode.core.masks import dilate
 from dlm_decode.core.state import DecodeState
+from dlm_decode.options import check_probability
 from dlm_decode.samplers.base import Sampler, Selection, candidates
-from dlm_decode.samplers.threshold import check_probability, top1
-
-
-def neighbourhood(anchors: torch.Tensor, radius: int) -> torch.Tensor:
-    """[B, R] bool anchors -> [B, R] bool: slots within ``radius`` of any anchor (a 1-D dilation)."""
-    if radius == 0:
-        return anchors.clone()
-    near = F.max_pool1d(anchors.float()[:, None, :], kernel_size=2 * radius + 1, stride=1, padding=radius)
-    return near[:, 0, :] > 0
+from dlm_decode.samplers.threshold import top1
 
 
 @dataclass(frozen=True)
@@ -50,6 +43,6 @@ class LocalLeap(Sampler):
         x0, conf = self.proposals(state, logits)  # [B, R], [B, R] float64
         cand = candidates(state, r0, r0 + logits.shape[1])
         anchors = cand & (conf >= self.kappa)
-        near = neighbourhood(anchors, self.radius)
+        near = dilate(anchors, self.radius)  # [B, R] the anchors' neighbourhood
         passes = torch.where(near, conf >= self.tau_relaxed, conf >= self.kappa)
         return Selection(commit=top1(conf, cand) | (cand & passes), tokens=x0)

@@ -9,16 +9,17 @@ labels ``proposal == y``. If a step's block proposals are all equal to the previ
 the block is filled with ``y`` after that step's record, as the reference does. The number of forwards of the second
 pass is the oracle NFE: the fewest steps a decoder can take that reproduces ``y`` from the model's own predictions.
 
-``oracle_generate(model, prompts, ...)`` runs both passes; ``Oracle(reference=...)`` is the second pass as a sampler
-(not in the ``SAMPLERS`` registry: it needs each row's reference answer). Differences: confidences are float64
-(the reference: model dtype); MASK is never proposed; a block is bounded by ``2 * block_length`` forwards (the loop
-then fills it with ``y``), where the reference relies on the stuck test alone.
+``Oracle(reference=...)`` is the second pass as a sampler (not in the ``SAMPLERS`` registry: it needs each row's
+reference answer); ``dlm_decode.decode.oracle.oracle_generate(model, prompts, ...)`` runs both passes.
+Differences: confidences are float64 (the reference: model dtype); MASK is never proposed; a block is bounded by
+``2 * block_length`` forwards (the loop then fills it with ``y``), where the reference relies on the stuck test
+alone.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import torch
 
@@ -72,33 +73,3 @@ class Oracle(Sampler):
         mem["prev"] = x0
         commit = cand & (correct | stuck[:, None])
         return Selection(commit=commit, tokens=y)
-
-
-def oracle_generate(
-    model: Any, prompts: Any, *, record: bool = False, reference_steps: int | None = None, **kwargs: Any
-) -> tuple[Any, Any, tuple[torch.Tensor, torch.Tensor] | None]:
-    """Both passes: returns (reference output, oracle output, records).
-
-    ``kwargs`` go to ``generate`` for both passes (``gen_length``, ``block_length``, ``tokenizer``, ``chat``,
-    ``cache``...); the first pass uses ``low_confidence`` with ``reference_steps`` (default ``gen_length``: one token
-    per step). ``records`` is ``(conf [N, block] float32, label [N, block] float32)`` when ``record``.
-    """
-    from dlm_decode.core.loop import generate
-
-    kwargs = dict(kwargs)
-    for key in ("sampler", "sampler_options", "steps"):
-        if key in kwargs:
-            raise ValueError(f"oracle_generate chooses {key} itself")
-    gen_length = kwargs.get("gen_length", 128)
-    ref = generate(model, prompts, sampler="low_confidence", steps=reference_steps or gen_length, **kwargs)
-    reference = tuple(tuple(row.generated_ids) for row in ref.rows)
-    out = generate(model, prompts, sampler=Oracle(reference=reference, record=record), **kwargs)
-    records = None
-    if record:
-        mem = out.scratch.get(Oracle.name, {"conf": [], "label": []})
-        if mem["conf"]:
-            records = (torch.cat(mem["conf"]), torch.cat(mem["label"]).float())
-        else:
-            block = kwargs.get("block_length") or min(32, gen_length)
-            records = (torch.zeros(0, block), torch.zeros(0, block))
-    return ref, out, records

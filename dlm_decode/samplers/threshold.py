@@ -16,20 +16,14 @@ the block's first slot and confidences use the model dtype; we follow the LLaDA 
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
 
 from dlm_decode.core.state import DecodeState
+from dlm_decode.options import check_probability
 from dlm_decode.samplers.base import Sampler, Selection, candidates, top_k_per_row
-
-
-def check_probability(owner: str, key: str, value: float) -> None:
-    """Raise unless ``value`` lies in (0, 1]."""
-    if not (isinstance(value, int | float) and math.isfinite(value) and 0.0 < value <= 1.0):
-        raise ValueError(f"{owner}: {key} must be in (0, 1], got {value!r}")
 
 
 def top1(score: torch.Tensor, cand: torch.Tensor) -> torch.Tensor:

@@ -21,8 +21,8 @@ from pathlib import Path
 import torch
 
 import dlm_decode
+from dlm_decode.decode.oracle import oracle_generate
 from dlm_decode.samplers.learned_filter import filter_config
-from dlm_decode.samplers.oracle import oracle_generate
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 

@@ -26,7 +26,7 @@ import torch
 from safetensors.torch import save_file
 
 import dlm_decode
-from dlm_decode.samplers.oracle import oracle_generate
+from dlm_decode.decode.oracle import oracle_generate
 
 
 def model_sha256(name_or_path: str) -> str | None:

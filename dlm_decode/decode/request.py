@@ -5,10 +5,12 @@ before any weights are read).
     req = check_request(facts, rows, sampler="threshold", sampler_options={"threshold": 0.9}, gen_length=64)
 
 ``check_request`` resolves the sampler and cache (names and options), builds the ``DecodeConfig`` (gen / block
-length, steps, temperature, top-p / top-k, ...), lays out the blocks, runs the sampler's and the cache's own checks
-and checks the prompt rows against what ``config.json`` decides: the vocabulary, the MASK id and the maximum sequence
-length. Each failure is a ``ValueError`` naming the option and what is allowed. ``generate`` calls it; so do the
-CLI's ``generate`` and ``parallelbench`` and the lm-eval plugin, with facts read from ``config.json`` before loading.
+length, steps, temperature, top-p / top-k, ...), lays out the blocks (``core.config.resolve_lengths``), runs the
+sampler's and the cache's own checks, checks the prompt rows against what ``config.json`` decides (the vocabulary,
+the MASK id and the maximum sequence length) and fills the options the caller left unset with the sampler's
+reference defaults (``fill_defaults``). Each failure is a ``ValueError`` naming the option and what is allowed.
+``generate`` calls it; so do the CLI's ``generate`` and ``parallelbench``, the ParallelBench runner and the lm-eval
+plugin, with facts read from ``config.json`` before loading.
 """
 
 from __future__ import annotations
@@ -17,21 +19,22 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from dlm_decode.cache.base import CachePolicy, get_cache
-from dlm_decode.core.config import DecodeConfig
+from dlm_decode.cache import CachePolicy, get_cache
+from dlm_decode.core.config import DecodeConfig, resolve_lengths
 from dlm_decode.core.inputs import ModelFacts, check_prompts
-from dlm_decode.samplers.base import Sampler, get_sampler
+from dlm_decode.samplers import Sampler, get_sampler
 
 
 @dataclass(frozen=True)
 class Request:
-    """A checked request: what the loop runs."""
+    """A checked request: what the loop runs (unset options filled in)."""
 
     config: DecodeConfig
     sampler: Sampler
     cache: CachePolicy
     block_length: int
     num_blocks: int
+    steps: int  # total step budget of fixed-budget samplers
 
 
 CONFIG_FIELDS = tuple(f.name for f in dataclasses.fields(DecodeConfig))
@@ -45,6 +48,22 @@ def decode_config(config: DecodeConfig | None = None, **kwargs: Any) -> DecodeCo
     if config is None:
         return DecodeConfig(**kwargs)
     return dataclasses.replace(config, **kwargs) if kwargs else config
+
+
+def fill_defaults(
+    sampler: Sampler, config: DecodeConfig, model_defaults: dict[str, Any]
+) -> tuple[Sampler, DecodeConfig]:
+    """``sampler`` and ``config`` with every option the caller left unset (None) filled in: from the model's
+    reference defaults when the sampler follows them (``DecodeConfig`` fields go to the config, the rest to the
+    sampler), then from the sampler's ``option_defaults``. A default of None leaves the option unset."""
+    given = {k: v for k, v in model_defaults.items() if v is not None} if sampler.follows_model_defaults else {}
+    own = {f.name for f in dataclasses.fields(sampler)}
+    to_config = {k: v for k, v in given.items() if hasattr(config, k) and getattr(config, k) is None}
+    merged = sampler.option_defaults | given
+    to_sampler = {k: v for k, v in merged.items() if k in own and getattr(sampler, k) is None}
+    if to_sampler:
+        sampler = dataclasses.replace(sampler, **to_sampler)
+    return sampler, (dataclasses.replace(config, **to_config) if to_config else config)
 
 
 def check_request(
@@ -63,7 +82,7 @@ def check_request(
     cfg = decode_config(config, **config_kwargs)
     smp = get_sampler(sampler, sampler_options)
     pol = get_cache(cache, cache_options)
-    block = cfg.block_length or (min(32, cfg.gen_length) if smp.blockwise else cfg.gen_length)
+    block, steps = resolve_lengths(cfg.gen_length, cfg.block_length, cfg.steps, blockwise=smp.blockwise)
     if block > cfg.gen_length:
         raise ValueError(f"block_length ({block}) must be <= gen_length ({cfg.gen_length})")
     if cfg.gen_length % block:
@@ -73,4 +92,5 @@ def check_request(
     pol.check(cfg, smp, facts)
     if rows is not None or facts is not None:
         check_prompts(rows, facts, cfg.gen_length)
-    return Request(cfg, smp, pol, block, num_blocks)
+    smp, cfg = fill_defaults(smp, cfg, facts.sampling_defaults if facts is not None else {})
+    return Request(cfg, smp, pol, block, num_blocks, steps)

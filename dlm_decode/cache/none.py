@@ -1,0 +1,21 @@
+"""No cache: recompute the whole canvas every step (the references' default)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from dlm_decode.cache.base import CachePolicy, StepPlan
+from dlm_decode.cache.plans import full_plan
+from dlm_decode.core.state import DecodeState
+
+
+@dataclass(frozen=True)
+class NoCache(CachePolicy):
+    """Every step is a refresh: every slot recomputed, nothing stored."""
+
+    name: ClassVar[str] = "none"
+    uses_store: ClassVar[bool] = False
+
+    def plan(self, state: DecodeState, region: tuple[int, int]) -> StepPlan:
+        return full_plan(state)

@@ -1,0 +1,64 @@
+"""``generate``: the one decode loop, every sampler with every cache, on batches of mixed prompt lengths.
+
+    out = generate(model, ["What is 2+2?"], tokenizer=tok, chat=True, sampler="threshold",
+                   sampler_options={"threshold": 0.9}, cache="dual", gen_length=256, block_length=32)
+
+Check the request (``check_request``), ``prepare`` the state and K/V store, then ``run_block`` while a row has a block
+left (each block runs ``step`` until no row has a MASK in it). Every block has a step bound (the sampler's
+``max_block_steps``): at the last allowed step every remaining mask of the block is committed with its proposal, so
+the loop always ends and never leaves a MASK. A row whose logits turn non-finite is stopped with an error message;
+the other rows go on.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from dlm_decode.cache import CachePolicy
+from dlm_decode.core.config import DecodeConfig
+from dlm_decode.core.inputs import ModelFacts, Prompt, encode_prompts
+from dlm_decode.decode.loop import open_rows, run_block
+from dlm_decode.decode.output import GenerateOutput, build_output
+from dlm_decode.decode.prepare import prepare
+from dlm_decode.decode.request import check_request
+from dlm_decode.samplers import Sampler
+
+
+@torch.no_grad()
+def generate(
+    model: Any,
+    prompts: list[Prompt] | torch.Tensor,
+    *,
+    tokenizer: Any | None = None,
+    chat: bool = False,
+    sampler: str | Sampler = "low_confidence",
+    sampler_options: dict[str, Any] | None = None,
+    cache: str | CachePolicy | None = "none",
+    cache_options: dict[str, Any] | None = None,
+    config: DecodeConfig | None = None,
+    trace: bool = False,
+    progress: bool = False,
+    **config_kwargs: Any,
+) -> GenerateOutput:
+    """Decode a batch. ``prompts``: texts, chats, token-id lists, or a [B, P] tensor of ids (no padding).
+
+    Decoding options (``gen_length``, ``block_length``, ``steps``, ``temperature``, ``top_p``, ``top_k``, ``seed``,
+    ``stop_at_eos``, ``cfg_scale``) come as keywords or as a ``DecodeConfig``.
+    """
+    rows = encode_prompts(prompts, tokenizer, chat)
+    options = dict(sampler_options=sampler_options, cache=cache, cache_options=cache_options, config=config)
+    req = check_request(ModelFacts.of_model(model), rows, sampler=sampler, **options, **config_kwargs)
+    state, store = prepare(model, rows, req, tokenizer)
+    name = f"{req.sampler.name}/{req.cache.name}"
+    bar = tqdm(total=len(rows) * req.config.gen_length, desc=name, leave=False) if progress else None
+    start = time.perf_counter()
+    while (todo := open_rows(state)) is not None:
+        run_block(model, state, req.sampler, req.cache, store, todo, bar)
+    if bar is not None:
+        bar.close()
+    seconds = time.perf_counter() - start
+    return build_output(state, rows, req, store, seconds, tokenizer=tokenizer, trace=trace)

@@ -1,0 +1,132 @@
+"""One block and one step of the decode loop.
+
+``run_block``: ``begin_block`` (the cursor, the sampler's and the cache's set-up, the step bound), then steps until
+no row has a MASK left in its block (one host sync per step: that test). ``step``: the cache plans which slots to
+recompute, one forward gives aligned logits for the sampler's region, the sampler selects, ``commit_mask`` decides
+what is written, then the cut, all-in and EOS rules and the statistics. The step itself never waits for the device
+unless a progress bar asks.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from dlm_decode.cache import CachePolicy, KVStore, StepPlan
+from dlm_decode.core.state import DecodeState
+from dlm_decode.decode.commit import all_in, commit_mask, cut, fail_nonfinite, record, stop_at_eos, stop_rows
+from dlm_decode.samplers import Sampler
+from dlm_decode.samplers.base import candidates
+
+
+def open_rows(state: DecodeState) -> torch.Tensor | None:
+    """[B] bool: rows with a block left to decode (unfinished, next start before their end); None when none is."""
+    todo = ~state.finished & (state.cursor.next_start < state.gen_end)
+    return todo if bool(todo.any()) else None
+
+
+def run_block(
+    model: Any, state: DecodeState, smp: Sampler, pol: CachePolicy, store: KVStore | None, todo: torch.Tensor, bar=None
+) -> None:
+    """Decode the next block of every row in ``todo`` [B] (from ``open_rows``), then move the cursor past it."""
+    begin_block(state, smp, pol, todo)
+    while _block_open(state, smp):
+        step(model, state, smp, pol, store, bar)
+    state.cursor.next_start = torch.maximum(state.cursor.block_end, state.cursor.next_start)
+    state.cursor.block_index += 1
+
+
+def begin_block(state: DecodeState, smp: Sampler, pol: CachePolicy, todo: torch.Tensor) -> None:
+    """Point the cursor at the next block of the rows in ``todo`` [B] (fixed-size by default; a sampler may move
+    its end at the first step), let the sampler and the cache set up, and take the sampler's step bound."""
+    cur = state.cursor
+    cur.block_step = 0
+    cur.block_starts = cur.next_start.clone()
+    cur.block_start = int(cur.next_start[todo].min())  # shared: earlier slots of a row are already decoded
+    cur.block_end = torch.minimum(cur.next_start + state.block_length, state.gen_end)
+    smp.begin_block(state)
+    pol.begin_block(state)
+    cur.block_limit = smp.max_block_steps(state)
+
+
+def _block_open(state: DecodeState, smp: Sampler) -> bool:
+    """Whether a row still has a MASK in its block (the step's one host sync, shared with the MASK-commit check)."""
+    left, bad = torch.stack([state.block_masked().any(), state.stats.mask_committed]).tolist()
+    if bad:
+        raise RuntimeError(f"sampler {smp.name!r} proposed the MASK id for a committed slot")
+    return bool(left)
+
+
+def step(model: Any, state: DecodeState, smp: Sampler, pol: CachePolicy, store: KVStore | None, bar=None) -> None:
+    """One forward and one selection: commit what the sampler chose (within the contract), then the stop rules."""
+    cur = state.cursor
+    active = state.block_masked().any(1)  # [B] rows taking part in this step
+    r0, r1 = smp.region(state)
+    plan = pol.plan(state, (r0, r1))
+    last = cur.block_step + 1 >= cur.block_limit
+    if last and plan.candidates is not None:
+        raise RuntimeError(f"cache {pol.name!r} restricted the candidates at the block's last allowed step")
+    state.stats.refreshes += int(plan.refresh)
+    logits = _forward(model, state, plan, (r0, r1), store)  # [B, R, V]
+    computed = None if plan.candidates is None else plan.candidates[:, r0:r1]  # [B, R]
+    if computed is not None:  # slots the policy did not compute: flat logits, never committed
+        logits = logits.masked_fill(~computed[..., None], 0.0)
+    fail_nonfinite(state, logits, candidates(state, r0, r1))
+    sel = smp.select(state, logits, r0)
+    if sel.block_end is not None:
+        if cur.block_step != 0:
+            raise RuntimeError(f"sampler {smp.name!r} moved the block end after the block's first step")
+        cur.block_end = sel.block_end
+    extra = None if sel.stop_rows is None else all_in(state, sel.stop_rows, r0, r1)
+    commit = commit_mask(sel.commit, candidates(state, r0, r1), all_in=extra, computed=computed, last=last)
+    state.stats.mask_committed |= (commit & (sel.tokens == state.mask_id)).any()
+    committed = torch.zeros_like(state.canvas, dtype=torch.bool)  # [B, T]
+    committed[:, r0:r1] = commit
+    state.canvas[:, r0:r1] = torch.where(commit, sel.tokens, state.canvas[:, r0:r1])
+    record(state, committed, active)
+    if sel.cut_at is not None:
+        cut(state, sel.cut_at)
+    if sel.stop_rows is not None:
+        stop_rows(state, sel.stop_rows)
+    if state.config.stop_at_eos:
+        stop_at_eos(state)
+    cur.step += 1
+    cur.block_step += 1
+    state.finished |= ~state.is_masked()[:, state.prompt_len :].any(1)
+    pol.after_step(state, committed)
+    if bar is not None:
+        bar.update(int(committed.sum()))
+
+
+def _forward(
+    model: Any, state: DecodeState, plan: StepPlan, region: tuple[int, int], store: KVStore | None
+) -> torch.Tensor:
+    """[B, R, V] aligned logits of the region, with classifier-free guidance applied when asked for."""
+    canvas, pos, km, ki, compute = state.canvas, state.positions, plan.key_mask, plan.key_index, plan.compute
+    cfg_scale = state.config.cfg_scale
+    if cfg_scale > 0:  # unconditional copy: the prompt fully masked (LLaDA)
+        un = canvas.clone()
+        un[:, : state.prompt_len].masked_fill_(state.valid[:, : state.prompt_len], state.mask_id)
+        canvas, pos = torch.cat([canvas, un]), torch.cat([pos, pos])
+        km = None if km is None else torch.cat([km, km])
+        ki = ki if ki is None or isinstance(ki, slice) else torch.cat([ki, ki])
+        compute = compute if isinstance(compute, slice) else torch.cat([compute, compute])
+    if store is not None:
+        store.frozen = not plan.write
+    try:
+        logits = model.denoise(canvas, pos, compute=compute, region=region, store=store, key_mask=km, key_index=ki)
+    finally:
+        if store is not None:
+            store.end_step()
+            store.frozen = False
+    if isinstance(compute, slice):
+        c0, c1, _ = compute.indices(canvas.shape[1])
+        n_q = c1 - c0
+    else:
+        n_q = compute.shape[1]
+    state.stats.token_forwards += n_q * canvas.shape[0]
+    if cfg_scale > 0:
+        cond, unc = logits.chunk(2)
+        logits = unc + (cfg_scale + 1) * (cond - unc)
+    return logits

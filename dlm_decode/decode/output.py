@@ -1,0 +1,110 @@
+"""What ``generate`` returns: the final canvas, per-row results and the call's statistics."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from dlm_decode.cache import KVStore
+from dlm_decode.core.state import DecodeState
+from dlm_decode.decode.request import Request
+from dlm_decode.options import describe
+
+
+@dataclass
+class RowResult:
+    prompt_ids: list[int]
+    generated_ids: list[int]  # the gen_length slots after the prompt
+    text: str | None
+    nfe: int  # forwards this row took part in while unfinished
+    error: str | None = None
+
+
+@dataclass
+class GenerateOutput:
+    sequences: torch.Tensor  # [B, T] final canvas (left-padded prompts + generation)
+    rows: list[RowResult]
+    nfe: int  # model forwards (a classifier-free-guidance pair counts once)
+    seconds: float
+    tokens_per_step: list[list[int]]  # per step, tokens committed in each row
+    token_forwards: int  # query slots computed by the model, summed over rows and steps
+    cache_bytes: int  # K/V store allocated for the call (0 without a cache)
+    refreshes: int  # steps that recomputed every slot
+    sampler: dict[str, Any] = field(default_factory=dict)
+    cache: dict[str, Any] = field(default_factory=dict)
+    config: dict[str, Any] = field(default_factory=dict)  # the DecodeConfig decoded with (unset options filled in)
+    trace: torch.Tensor | None = None  # [B, L] step that committed each generation slot (-1: cut / filled)
+    scratch: dict[str, Any] = field(default_factory=dict)  # the call's sampler / cache memory (records, statistics)
+
+    @property
+    def generated(self) -> torch.Tensor:  # [B, L]
+        return self.sequences[:, self.sequences.shape[1] - len(self.rows[0].generated_ids) :]
+
+    @property
+    def texts(self) -> list[str | None]:
+        return [r.text for r in self.rows]
+
+    def committed_tokens(self) -> int:
+        return sum(sum(s) for s in self.tokens_per_step)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "rows": [
+                {
+                    "prompt_ids": r.prompt_ids,
+                    "generated_ids": r.generated_ids,
+                    "text": r.text,
+                    "nfe": r.nfe,
+                    "error": r.error,  # None, or why the row stopped early (its slots are then not an answer)
+                }
+                for r in self.rows
+            ],
+            "nfe": self.nfe,
+            "seconds": self.seconds,
+            "token_forwards": self.token_forwards,
+            "cache_bytes": self.cache_bytes,
+            "sampler": self.sampler,
+            "cache": self.cache,
+            "config": self.config,
+        }
+
+
+def build_output(
+    state: DecodeState,
+    rows: list[list[int]],
+    req: Request,
+    store: KVStore | None,
+    seconds: float,
+    *,
+    tokenizer: Any | None = None,
+    trace: bool = False,
+) -> GenerateOutput:
+    """The call's result from its final state (the statistics leave the device here, once)."""
+    p, stats = state.prompt_len, state.stats
+    eos = set(state.eos_ids.tolist())
+    errors, row_steps = stats.failures(), stats.row_steps.tolist()
+    results = []
+    for i, ids in enumerate(state.canvas[:, p:].tolist()):
+        text = None
+        if tokenizer is not None:
+            end = next((j for j, tkn in enumerate(ids) if tkn in eos), len(ids))
+            text = tokenizer.decode([x for x in ids[:end] if x != state.mask_id], skip_special_tokens=True)
+        results.append(RowResult(rows[i], ids, text, row_steps[i], errors[i]))
+    return GenerateOutput(
+        sequences=state.canvas,
+        rows=results,
+        nfe=state.step,
+        seconds=seconds,
+        tokens_per_step=stats.tokens_per_step(),
+        token_forwards=stats.token_forwards,
+        cache_bytes=store.nbytes if store is not None else 0,
+        refreshes=stats.refreshes,
+        sampler=describe(req.sampler),
+        cache=describe(req.cache),
+        config=dataclasses.asdict(state.config) | {"block_length": state.block_length},
+        trace=stats.trace if trace else None,
+        scratch=state.scratch,
+    )
