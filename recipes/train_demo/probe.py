@@ -47,7 +47,8 @@ def teacher_forced(model: Any, rows: Sequence[tuple[list[int], list[int]]], mask
             continue
         x = ids.repeat(len(cols), 1)  # [C, T]: row c masks column cols[c]
         x[torch.arange(len(cols)), cols] = mask_id
-        pred = model(x).logits[torch.arange(len(cols)), cols].argmax(-1)  # [C]
+        shift = getattr(model, "logit_shift", 0)  # Dream scores slot i from the logits at i - 1
+        pred = model(x).logits[torch.arange(len(cols)), [c - shift for c in cols]].argmax(-1)  # [C]
         right += int((pred == ids[0, cols]).sum())
         total += len(cols)
     return right / max(total, 1)
