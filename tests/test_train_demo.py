@@ -433,3 +433,29 @@ def test_retrieval_probe_control_learns_to_copy_random_tokens(tok, tmp_path):
     )
     assert [c["step"] for c in curve] == [200, 400]
     assert curve[-1]["copy_acc"] >= max(0.2, curve[0]["copy_acc"]), curve  # unigram guessing scores ~1/50
+
+
+class _Peek(torch.nn.Module):
+    """A 'model' whose logits at position i point at ``source[i + shift]`` (or a fixed token): known probe answers."""
+
+    def __init__(self, source: torch.Tensor, shift: int = 0, fixed: int | None = None, vocab: int = 16):
+        super().__init__()
+        self.source, self.logit_shift, self.fixed, self.vocab = source, shift, fixed, vocab
+
+    def forward(self, x):
+        b, t = x.shape
+        want = torch.full((b, t), self.fixed) if self.fixed is not None else self.source[:t].roll(-self.logit_shift)
+        logits = torch.zeros(b, t, self.vocab)
+        logits[torch.arange(b)[:, None], torch.arange(t)[None, :], want.expand(b, t)] = 1.0
+        return type("Out", (), {"logits": logits})()
+
+
+def test_teacher_forced_probe_scores_known_models():
+    probe = _load("probe")
+    prompt, answer = [1, 7, 8, 9], [7, 8, 9, 2]  # 2 is structure (skipped)
+    row = torch.tensor(prompt + answer)
+    assert probe.teacher_forced(_Peek(row), [(prompt, answer)], mask_id=0, skip={2}) == 1.0
+    # a model that always says 8 gets the one 8 of the three content tokens
+    assert probe.teacher_forced(_Peek(row, fixed=8), [(prompt, answer)], 0, {2}) == pytest.approx(1 / 3)
+    # Dream's layout: slot i is read from the logits at i - 1; the probe must read there, not at i
+    assert probe.teacher_forced(_Peek(row, shift=1), [(prompt, answer)], 0, {2}) == 1.0
