@@ -459,3 +459,20 @@ def test_teacher_forced_probe_scores_known_models():
     assert probe.teacher_forced(_Peek(row, fixed=8), [(prompt, answer)], 0, {2}) == pytest.approx(1 / 3)
     # Dream's layout: slot i is read from the logits at i - 1; the probe must read there, not at i
     assert probe.teacher_forced(_Peek(row, shift=1), [(prompt, answer)], 0, {2}) == 1.0
+
+
+def test_plot_curves_draws_probe_logs_and_names_a_missing_log(tmp_path):
+    pytest.importorskip("matplotlib")
+    run = tmp_path / "run"
+    run.mkdir()
+    lines = [
+        {"step": 250, "tf": {"waiting_line/copy": 0.1}, "exact": {"waiting_line/copy": 0.0}},
+        {"step": 500, "tf": {"waiting_line/copy": 0.9}, "exact": {"waiting_line/copy": 0.5}, "full": {"a": 40.0}},
+    ]
+    (run / "probe.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + '\n{"step": 7')  # torn last line
+    plot = _load("plot_curves")
+    assert [r["step"] for r in plot.read_probes(run)] == [250, 500]
+    plot.main([str(run), "--out", str(tmp_path / "c.png")])
+    assert (tmp_path / "c.png").stat().st_size > 1000
+    with pytest.raises(SystemExit, match="no probe log"):
+        plot.main([str(tmp_path), "--out", str(tmp_path / "d.png")])
