@@ -476,3 +476,27 @@ def test_plot_curves_draws_probe_logs_and_names_a_missing_log(tmp_path):
     assert (tmp_path / "c.png").stat().st_size > 1000
     with pytest.raises(SystemExit, match="no probe log"):
         plot.main([str(tmp_path), "--out", str(tmp_path / "d.png")])
+
+
+def test_ship_reads_the_runner_json_and_evaluate_lines(tmp_path):
+    ship = _load("ship")
+    runner = {
+        "model": "m",
+        "decoding": {"sampler": "low_confidence"},
+        "tasks": [
+            {"task": "waiting_line/copy", "score": 96.0, "score_strict": 95.0, "n": 100, "seconds": 2.0},
+            {"task": "waiting_line/sort", "score": 41.0, "score_strict": 40.0, "n": 100, "seconds": 3.0},
+        ],
+        "summary": {},
+    }
+    path = tmp_path / "eval.txt"
+    path.write_text("a table first\n" + json.dumps(runner) + "\n")
+    got = ship.read_scores(path)
+    assert got["scores"] == {"waiting_line/copy": 96.0, "waiting_line/sort": 41.0}
+    assert got["strict"]["waiting_line/sort"] == 40.0 and got["mean"] == 68.5 and got["n"]["waiting_line/copy"] == 100
+    line = {"scores": {"waiting_line/copy": 1.0}, "strict": {}, "mean": 1.0, "stride": 4}
+    path.write_text(json.dumps(line) + "\n")
+    assert ship.read_scores(path) == line
+    path.write_text('{"summary": {}}\n')
+    with pytest.raises(SystemExit, match="neither"):
+        ship.read_scores(path)

@@ -3,8 +3,9 @@
     python recipes/train_demo/ship.py --run recipes/train_demo/work/llada --name demo-llada \
         --scores recipes/train_demo/work/llada-scores.json --command "python recipes/train_demo/train.py ..."
 
-``--scores`` is a file holding the JSON line that ``evaluate.py`` prints last; without it the card says the
-checkpoint is not evaluated yet. Files are copied to a temporary directory that is then renamed into place.
+``--scores`` is a file whose last line is the JSON that ``dlm-decode parallelbench --json`` (or ``evaluate.py``)
+prints last; without it the card says the checkpoint is not evaluated yet. Files are copied to a temporary
+directory that is then renamed into place.
 """
 
 from __future__ import annotations
@@ -25,7 +26,9 @@ ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 
 
-def card(name: str, training: dict, scores: dict | None, command: str, note: str) -> str:
+def card(
+    name: str, training: dict, scores: dict | None, command: str, note: str, eval_command: str | None = None
+) -> str:
     size, arch = training["size"], training["arch"]
     a = training["args"]
     minutes = training["train_seconds"] / 60
@@ -70,7 +73,7 @@ def card(name: str, training: dict, scores: dict | None, command: str, note: str
         "## ParallelBench scores (official test files)",
         "One token per step: `sampler=low_confidence`, `steps = gen_length = block_length = max_new_tokens` (32 "
         "waiting line, 64 puzzles), temperature 0, no cache; chats from `build_messages`; "
-        f"`python recipes/train_demo/evaluate.py --model {name}{stride}`.",
+        f"`{eval_command or f'python recipes/train_demo/evaluate.py --model {name}{stride}'}`.",
         "",
     ]
     if scores is None:
@@ -87,6 +90,27 @@ def card(name: str, training: dict, scores: dict | None, command: str, note: str
     return "\n".join(lines) + "\n"
 
 
+def read_scores(path: str | Path) -> dict:
+    """The card's scores from the last JSON line of ``path``: ``dlm-decode parallelbench --json`` output (per-task
+    rows) or ``evaluate.py``'s summary line -> ``{"scores", "strict", "mean", "n", "stride", ...}``."""
+    obj = json.loads(Path(path).read_text().strip().splitlines()[-1])
+    if "scores" in obj:
+        return obj
+    if not isinstance(obj.get("tasks"), list) or not obj["tasks"]:
+        raise SystemExit(f"--scores {path}: neither evaluate.py's line nor `dlm-decode parallelbench --json` output")
+    rows = {r["task"]: r for r in obj["tasks"]}
+    return {
+        "model": obj.get("model"),
+        "scores": {t: round(r["score"], 1) for t, r in rows.items()},
+        "strict": {t: round(r["score_strict"], 1) for t, r in rows.items()},
+        "mean": round(sum(r["score"] for r in rows.values()) / len(rows), 1),
+        "n": {t: r["n"] for t, r in rows.items()},
+        "seconds": round(sum(r["seconds"] for r in rows.values()), 1),
+        "decoding": obj.get("decoding"),
+        "stride": 1,
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--run", required=True, help="training run directory (holds export/)")
@@ -94,6 +118,7 @@ def main() -> None:
     ap.add_argument("--scores", default=None)
     ap.add_argument("--command", default="see recipes/train_demo/README.md")
     ap.add_argument("--note", default="")
+    ap.add_argument("--eval-command", default=None, help="the command that produced --scores (shown in the card)")
     args = ap.parse_args()
 
     export = Path(args.run) / "export"
@@ -102,7 +127,7 @@ def main() -> None:
     training["vocab"] = len(tok_json["model"]["vocab"]) + sum(
         t["content"] not in tok_json["model"]["vocab"] for t in tok_json["added_tokens"]
     )
-    scores = json.loads(Path(args.scores).read_text().strip().splitlines()[-1]) if args.scores else None
+    scores = read_scores(args.scores) if args.scores else None
     dest = ROOT / "dlm_decode" / "demo_models" / args.name
     tmp = dest.with_name(dest.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -111,7 +136,7 @@ def main() -> None:
         if (export / f).is_file():
             shutil.copy2(export / f, tmp / f)
     fold_chat_template(tmp)
-    (tmp / "README.md").write_text(card(args.name, training, scores, args.command, args.note))
+    (tmp / "README.md").write_text(card(args.name, training, scores, args.command, args.note, args.eval_command))
     if scores is not None:  # the measured scores, machine-readable (tests check the claims against the model)
         (tmp / "scores.json").write_text(json.dumps(scores, indent=1) + "\n")
     old = dest.with_name(dest.name + ".old")

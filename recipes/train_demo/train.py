@@ -331,10 +331,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--out", required=True, help="run directory (checkpoints/, export/, log.jsonl)")
     ap.add_argument("--arch", choices=("llada", "dream"), default="llada")
     ap.add_argument("--d-model", type=int, default=128)
-    ap.add_argument("--n-layers", type=int, default=6)
+    ap.add_argument("--n-layers", type=int, default=4)
     ap.add_argument("--n-heads", type=int, default=4)
     ap.add_argument("--n-kv-heads", type=int, default=None, help="default: n_heads (LLaDA), n_heads/2 (Dream)")
-    ap.add_argument("--mlp-hidden", type=int, default=512)
+    ap.add_argument("--mlp-hidden", type=int, default=384)
     ap.add_argument(
         "--tie-embeddings",
         action="store_true",
@@ -343,16 +343,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     ap.add_argument(
         "--stages",
-        default="short:600,full:6000",
+        default="short[copy+reverse]:2500,short:1500,full:4000",
         help="the curriculum: comma-separated KIND[TASKS]:STEPS, KIND short (short rows only) or full "
         "(official prompts + --short-share short rows); e.g. short:600,short[sort+shuffle]:300,full:6000",
     )
-    ap.add_argument("--short-batch", type=int, default=128, help="batch size of short stages")
+    ap.add_argument("--short-batch", type=int, default=64, help="batch size of short stages")
     ap.add_argument("--full-batch", type=int, default=64, help="batch size of full stages")
     ap.add_argument(
         "--short-format",
         choices=("chat", "bare"),
-        default="chat",
+        default="bare",
         help="short stages' rows: a chat turn answered in the task's padded length, or bare text answered by the "
         "answer and <|eot_id|> alone",
     )
@@ -368,7 +368,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="uniform",
         help="mask ratio per row: independent U(0, 1) draws, or one draw per stratum of [0, 1) (lower variance)",
     )
-    ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument(
+        "--lr", type=float, default=1e-3, help="peak learning rate (3e-3 kept d_model 128 off in-context copying)"
+    )
     ap.add_argument("--warmup", type=int, default=100)
     ap.add_argument("--decay-steps", type=int, default=None, help="linear decay at the end (default: 15%% of steps)")
     ap.add_argument("--weight-decay", type=float, default=0.1)
