@@ -73,13 +73,30 @@ def checked_forward(monkeypatch):
             calls.store_ptrs = ptrs
         return original(model, state, plan, region, store)
 
+    def forward_drafts(model, state, plan, region, store, drafts):  # draft-and-verify steps: the same plan checks
+        return checked(original_drafts, model, state, plan, region, store, drafts)
+
+    def checked(run, model, state, plan, region, store, *extra):
+        r0, r1 = region
+        need = state.block_masked()[:, r0:r1]
+        src = (torch.arange(r0, r1) - state.logit_shift).clamp(min=0)
+        assert (_computed(plan, state)[:, src] | ~need).all(), f"step {state.step}: a masked slot is not computed"
+        calls.append(plan)
+        return run(model, state, plan, region, store, *extra)
+
+    original_drafts = loop._forward_drafts
     monkeypatch.setattr(loop, "_forward", forward)
+    monkeypatch.setattr(loop, "_forward_drafts", forward_drafts)
     return calls
 
 
 @pytest.mark.parametrize("sampler", sorted(SAMPLERS))
 @pytest.mark.parametrize("cache", CACHED)
 def test_every_cache_runs_every_sampler(tiny_model, cache, sampler, checked_forward):
+    if sampler == "lossless" and cache not in ("prefix", "dual"):  # refused: tests/test_lossless.py
+        with pytest.raises(ValueError, match="cannot be lossless"):
+            _run(tiny_model, sampler, cache)
+        return
     out = _run(tiny_model, sampler, cache)
     p = out.sequences.shape[1] - 16
     for i, pr in enumerate(PROMPTS):

@@ -34,6 +34,15 @@ class KVStore:
     def nbytes(self) -> int:
         return self.k.numel() * self.k.element_size() * 2
 
+    def take_rows(self, rows: torch.Tensor) -> KVStore:
+        """A new store holding copies of rows ``rows`` [N] of this one (draft-and-verify runs several canvases of a
+        row side by side, each against the row's cache); writes to it never reach this store."""
+        out = KVStore.__new__(KVStore)
+        out.k, out.v = self.k[:, rows], self.v[:, rows]  # [L, N, Hk, T, hd] copies
+        out.frozen = False
+        out._fresh = {}
+        return out
+
     def write(self, layer: int, slots: slice | torch.Tensor | None, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store k, v [B, Hk, Q, hd] at ``slots`` (a slice, or [B, Q] slot ids)."""
         if slots is None:

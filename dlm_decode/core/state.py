@@ -62,6 +62,8 @@ class DecodeStats:
 
     trace: torch.Tensor  # [B, L] step that committed each slot, -1 if none
     row_steps: torch.Tensor  # [B] forwards each row took part in while unfinished
+    accepted_steps: torch.Tensor  # [B] steps of the followed rule the row's commits stand for (= row_steps, except
+    # for draft-and-verify samplers, whose one forward may accept several)
     fail_step: torch.Tensor  # [B] step whose logits turned non-finite (-1: none)
     fail_block: torch.Tensor  # [B] block of that step
     mask_committed: torch.Tensor  # [] bool: a sampler proposed MASK for a committed slot (the loop raises)
@@ -77,6 +79,7 @@ class DecodeStats:
         return cls(
             trace=minus_one(batch, gen_length),
             row_steps=torch.zeros(batch, dtype=torch.long, device=device),
+            accepted_steps=torch.zeros(batch, dtype=torch.long, device=device),
             fail_step=minus_one(batch),
             fail_block=minus_one(batch),
             mask_committed=torch.zeros((), dtype=torch.bool, device=device),

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from dlm_decode.core.masks import eos_settled
 from dlm_decode.core.state import DecodeState
 
 
@@ -51,13 +52,17 @@ def fail_nonfinite(state: DecodeState, logits: torch.Tensor, cand: torch.Tensor)
     state.finished |= bad
 
 
-def record(state: DecodeState, committed: torch.Tensor, active: torch.Tensor) -> None:
-    """Statistics of one step: ``committed`` [B, T] slots written, ``active`` [B] rows that took part."""
+def record(
+    state: DecodeState, committed: torch.Tensor, active: torch.Tensor, steps: torch.Tensor | None = None
+) -> None:
+    """Statistics of one step: ``committed`` [B, T] slots written, ``active`` [B] rows that took part, ``steps`` [B]
+    steps of the followed rule each row's commit stands for (None: one per active row)."""
     p, n = state.prompt_len, state.gen_length
     stats = state.stats
     stats.trace = torch.where(committed[:, p : p + n], state.step, stats.trace)
     stats.commits.append(committed.sum(1))
     stats.row_steps += active.long()
+    stats.accepted_steps += active.long() if steps is None else torch.where(active, steps, 0)
 
 
 def cut(state: DecodeState, cut_at: torch.Tensor) -> None:
@@ -83,12 +88,8 @@ def stop_rows(state: DecodeState, rows: torch.Tensor) -> None:
 def stop_at_eos(state: DecodeState) -> None:
     """Rows whose first EOS has every earlier generation slot decoded get the rest filled with EOS."""
     gen = state.canvas[:, state.prompt_len :]  # [B, L] a view: filled in place
-    n = gen.shape[1]
-    idx = torch.arange(n, device=state.device)
-    masked = gen == state.mask_id
-    first_mask = torch.where(masked.any(1), masked.float().argmax(1), n)
-    is_eos = torch.isin(gen, state.eos_ids)
-    first_eos = torch.where(is_eos.any(1), is_eos.float().argmax(1), n)
-    stop = (first_eos < first_mask) & ~state.finished
-    gen.masked_fill_(stop[:, None] & (idx[None, :] > first_eos[:, None]) & masked, state.fill_id)
+    idx = torch.arange(gen.shape[1], device=state.device)
+    settled, first_eos = eos_settled(gen, state.mask_id, state.eos_ids)
+    stop = settled & ~state.finished
+    gen.masked_fill_(stop[:, None] & (idx[None, :] > first_eos[:, None]) & (gen == state.mask_id), state.fill_id)
     state.finished |= stop

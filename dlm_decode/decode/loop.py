@@ -5,10 +5,17 @@ no row has a MASK left in its block (one host sync per step: that test). ``step`
 recompute, one forward gives aligned logits for the sampler's region, the sampler selects, ``commit_mask`` decides
 what is written, then the cut, all-in and EOS rules and the statistics. The step itself never waits for the device
 unless a progress bar asks.
+
+Draft-and-verify samplers (``Sampler.draft`` returns ``Drafts``): the step's one forward runs the current canvas and
+its D drafts side by side (batch ``B * (1 + D)``, each row's copies against that row's cache under the same plan; a
+cache store is copied per draft and the copies are dropped), and ``Sampler.verify`` selects instead of ``select``.
+Everything after the selection is the ordinary step; ``nfe`` counts the forward once (the sequential forwards) and
+``token_forwards`` counts every canvas's query slots (the compute).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
@@ -17,7 +24,7 @@ from dlm_decode.cache import CachePolicy, KVStore, StepPlan
 from dlm_decode.core.state import DecodeState
 from dlm_decode.decode.commit import all_in, commit_mask, cut, fail_nonfinite, record, stop_at_eos, stop_rows
 from dlm_decode.samplers import Sampler
-from dlm_decode.samplers.base import candidates
+from dlm_decode.samplers.base import Drafts, candidates
 
 
 def open_rows(state: DecodeState) -> torch.Tensor | None:
@@ -63,17 +70,25 @@ def step(model: Any, state: DecodeState, smp: Sampler, pol: CachePolicy, store: 
     cur = state.cursor
     active = state.block_masked().any(1)  # [B] rows taking part in this step
     r0, r1 = smp.region(state)
+    drafts = smp.draft(state, r0, r1)  # None: an ordinary step
     plan = pol.plan(state, (r0, r1))
     last = cur.block_step + 1 >= cur.block_limit
     if last and plan.candidates is not None:
         raise RuntimeError(f"cache {pol.name!r} restricted the candidates at the block's last allowed step")
+    if drafts is not None and plan.candidates is not None:
+        raise RuntimeError(f"cache {pol.name!r} restricted the candidates of a draft-and-verify step")
     state.stats.refreshes += int(plan.refresh)
-    logits = _forward(model, state, plan, (r0, r1), store)  # [B, R, V]
     computed = None if plan.candidates is None else plan.candidates[:, r0:r1]  # [B, R]
-    if computed is not None:  # slots the policy did not compute: flat logits, never committed
-        logits = logits.masked_fill(~computed[..., None], 0.0)
-    fail_nonfinite(state, logits, candidates(state, r0, r1))
-    sel = smp.select(state, logits, r0)
+    if drafts is None:
+        logits = _forward(model, state, plan, (r0, r1), store)  # [B, R, V]
+        if computed is not None:  # slots the policy did not compute: flat logits, never committed
+            logits = logits.masked_fill(~computed[..., None], 0.0)
+        fail_nonfinite(state, logits, candidates(state, r0, r1))
+        sel = smp.select(state, logits, r0)
+    else:
+        logits = _forward_drafts(model, state, plan, (r0, r1), store, drafts)  # [B, 1 + D, R, V]
+        fail_nonfinite(state, logits[:, 0], candidates(state, r0, r1))
+        sel = smp.verify(state, logits, drafts, r0)
     if sel.block_end is not None:
         if cur.block_step != 0:
             raise RuntimeError(f"sampler {smp.name!r} moved the block end after the block's first step")
@@ -84,7 +99,7 @@ def step(model: Any, state: DecodeState, smp: Sampler, pol: CachePolicy, store: 
     committed = torch.zeros_like(state.canvas, dtype=torch.bool)  # [B, T]
     committed[:, r0:r1] = commit
     state.canvas[:, r0:r1] = torch.where(commit, sel.tokens, state.canvas[:, r0:r1])
-    record(state, committed, active)
+    record(state, committed, active, sel.steps)
     if sel.cut_at is not None:
         cut(state, sel.cut_at)
     if sel.stop_rows is not None:
@@ -103,11 +118,53 @@ def _forward(
     model: Any, state: DecodeState, plan: StepPlan, region: tuple[int, int], store: KVStore | None
 ) -> torch.Tensor:
     """[B, R, V] aligned logits of the region, with classifier-free guidance applied when asked for."""
-    canvas, pos, km, ki, compute = state.canvas, state.positions, plan.key_mask, plan.key_index, plan.compute
+    return _run_model(model, state, plan, region, store, state.canvas, state.positions, state.valid)
+
+
+def _forward_drafts(
+    model: Any, state: DecodeState, plan: StepPlan, region: tuple[int, int], store: KVStore | None, drafts: Drafts
+) -> torch.Tensor:
+    """[B, 1 + D, R, V] aligned logits of the region for the current canvas (index 0) and each draft, in one forward
+    of batch ``B * (1 + D)``: row b's canvases sit at ``b * (1 + D) + j`` and share row b's plan and cached K/V."""
+    b, d, _ = drafts.commit.shape
+    n = 1 + d
+    r0, r1 = region
+    canvas = state.canvas[:, None].repeat(1, n, 1)  # [B, 1 + D, T]
+    canvas[:, 1:, r0:r1] = torch.where(drafts.commit, drafts.tokens[:, None], canvas[:, 1:, r0:r1])
+
+    def rows(x: Any) -> Any:  # [B, ...] -> [B * (1 + D), ...]; slices and None pass through
+        return x.repeat_interleave(n, 0) if isinstance(x, torch.Tensor) else x
+
+    plan = dataclasses.replace(
+        plan, compute=rows(plan.compute), key_mask=rows(plan.key_mask), key_index=rows(plan.key_index)
+    )
+    copies = None
+    if store is not None:  # each canvas reads its row's cache; the copies' writes are dropped with them
+        src = torch.arange(b, device=state.device).repeat_interleave(n)  # [B * (1 + D)]
+        if state.config.cfg_scale > 0:  # the store's second half holds the unconditional rows
+            src = torch.cat([src, src + b])
+        copies = store.take_rows(src)
+    flat = canvas.view(b * n, -1)
+    logits = _run_model(model, state, plan, region, copies, flat, rows(state.positions), rows(state.valid))
+    return logits.view(b, n, *logits.shape[1:])
+
+
+def _run_model(
+    model: Any,
+    state: DecodeState,
+    plan: StepPlan,
+    region: tuple[int, int],
+    store: KVStore | None,
+    canvas: torch.Tensor,  # [N, T]
+    pos: torch.Tensor,  # [N, T]
+    valid: torch.Tensor,  # [N, T]
+) -> torch.Tensor:
+    """[N, R, V] aligned logits of the region for ``canvas`` under ``plan`` (classifier-free guidance applied)."""
+    km, ki, compute = plan.key_mask, plan.key_index, plan.compute
     cfg_scale = state.config.cfg_scale
     if cfg_scale > 0:  # unconditional copy: the prompt fully masked (LLaDA)
         un = canvas.clone()
-        un[:, : state.prompt_len].masked_fill_(state.valid[:, : state.prompt_len], state.mask_id)
+        un[:, : state.prompt_len].masked_fill_(valid[:, : state.prompt_len], state.mask_id)
         canvas, pos = torch.cat([canvas, un]), torch.cat([pos, pos])
         km = None if km is None else torch.cat([km, km])
         ki = ki if ki is None or isinstance(ki, slice) else torch.cat([ki, ki])

@@ -21,13 +21,14 @@ class RowResult:
     text: str | None
     nfe: int  # forwards this row took part in while unfinished
     error: str | None = None
+    accepted_steps: int = 0  # steps of the followed rule its commits stand for (= nfe but for draft-and-verify)
 
 
 @dataclass
 class GenerateOutput:
     sequences: torch.Tensor  # [B, T] final canvas (left-padded prompts + generation)
     rows: list[RowResult]
-    nfe: int  # model forwards (a classifier-free-guidance pair counts once)
+    nfe: int  # sequential model forwards (a classifier-free-guidance pair and a batch of drafts count once)
     seconds: float
     tokens_per_step: list[list[int]]  # per step, tokens committed in each row
     token_forwards: int  # query slots computed by the model, summed over rows and steps
@@ -50,6 +51,17 @@ class GenerateOutput:
     def committed_tokens(self) -> int:
         return sum(sum(s) for s in self.tokens_per_step)
 
+    @property
+    def sequential_forwards(self) -> int:
+        """The latency measure: forwards run one after another (= ``nfe``)."""
+        return self.nfe
+
+    @property
+    def accepted_steps_per_call(self) -> float | None:
+        """Steps of the followed rule per forward a row took part in (1.0 but for draft-and-verify samplers)."""
+        calls = sum(r.nfe for r in self.rows)
+        return sum(r.accepted_steps for r in self.rows) / calls if calls else None
+
     def to_json(self) -> dict[str, Any]:
         return {
             "rows": [
@@ -59,10 +71,13 @@ class GenerateOutput:
                     "text": r.text,
                     "nfe": r.nfe,
                     "error": r.error,  # None, or why the row stopped early (its slots are then not an answer)
+                    "accepted_steps": r.accepted_steps,
                 }
                 for r in self.rows
             ],
             "nfe": self.nfe,
+            "sequential_forwards": self.sequential_forwards,
+            "accepted_steps_per_call": self.accepted_steps_per_call,
             "seconds": self.seconds,
             "token_forwards": self.token_forwards,
             "cache_bytes": self.cache_bytes,
@@ -85,14 +100,14 @@ def build_output(
     """The call's result from its final state (the statistics leave the device here, once)."""
     p, stats = state.prompt_len, state.stats
     eos = set(state.eos_ids.tolist())
-    errors, row_steps = stats.failures(), stats.row_steps.tolist()
+    errors, row_steps, accepted = stats.failures(), stats.row_steps.tolist(), stats.accepted_steps.tolist()
     results = []
     for i, ids in enumerate(state.canvas[:, p:].tolist()):
         text = None
         if tokenizer is not None:
             end = next((j for j, tkn in enumerate(ids) if tkn in eos), len(ids))
             text = tokenizer.decode([x for x in ids[:end] if x != state.mask_id], skip_special_tokens=True)
-        results.append(RowResult(rows[i], ids, text, row_steps[i], errors[i]))
+        results.append(RowResult(rows[i], ids, text, row_steps[i], errors[i], accepted[i]))
     return GenerateOutput(
         sequences=state.canvas,
         rows=results,

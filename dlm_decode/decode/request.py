@@ -90,6 +90,7 @@ def check_request(
     num_blocks = cfg.gen_length // block
     smp.check(cfg, num_blocks)
     pol.check(cfg, smp, facts)
+    smp.check_cache(pol)
     if rows is not None or facts is not None:
         check_prompts(rows, facts, cfg.gen_length)
     smp, cfg = fill_defaults(smp, cfg, facts.sampling_defaults if facts is not None else {})

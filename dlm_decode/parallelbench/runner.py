@@ -166,8 +166,10 @@ class TaskResult:
     gen_length: int
     score: float | None = None  # mean x 100 (None: not scored)
     score_strict: float | None = None
-    nfe: float | None = None  # mean forwards per sample
+    nfe: float | None = None  # mean sequential forwards per sample (the latency measure)
     tokens_per_step: float | None = None  # gen_length / nfe
+    token_forwards: float | None = None  # mean query slots computed per sample (the compute; drafts count each)
+    accepted_steps_per_call: float | None = None  # steps of the followed rule per forward (> 1: draft-and-verify)
     seconds: float = 0.0  # decoding time of the task (all batches)
     tokens_per_second: float | None = None  # n * gen_length / seconds
     errors: int = 0  # rows that stopped with an error (scored 0)
@@ -263,6 +265,7 @@ def run_task(
     oracle_nfe = [0] * len(chats)
     ref_texts: list[str] = [""] * len(chats)
     errors, seconds = 0, 0.0
+    token_forwards, accepted, calls = 0, 0, 0
     trace0 = None
     result = TaskResult(task.name, len(task), gen)
     bar = tqdm(total=len(chats), desc=task.name, unit="sample", disable=not progress)
@@ -287,6 +290,9 @@ def run_task(
         else:
             out = generate(model, batch, tokenizer=tokenizer, chat=True, trace=True, **kw)
         seconds += out.seconds
+        token_forwards += out.token_forwards
+        accepted += sum(r.accepted_steps for r in out.rows)
+        calls += sum(r.nfe for r in out.rows)
         result.sampler = {} if as_oracle else out.sampler
         result.cache = out.cache
         for j, i in enumerate(idx):
@@ -303,6 +309,8 @@ def run_task(
     result.score_strict = 100.0 * sum(s["score_strict"] for s in scores) / n
     result.nfe = sum(nfe) / n
     result.tokens_per_step = gen / result.nfe if result.nfe else None
+    result.token_forwards = token_forwards / n
+    result.accepted_steps_per_call = accepted / calls if calls else None
     result.seconds = seconds
     result.tokens_per_second = n * gen / seconds if seconds > 0 else None
     result.errors = errors
@@ -388,6 +396,8 @@ def summarize(results: list[TaskResult]) -> dict[str, Any]:
         "score_strict": mean([r.score_strict for r in done]),
         "nfe": mean([r.nfe for r in done]),
         "tokens_per_step": mean([r.tokens_per_step for r in done]),
+        "token_forwards": mean([r.token_forwards for r in done]),
+        "accepted_steps_per_call": mean([r.accepted_steps_per_call for r in done]),
         "oracle_nfe": mean([r.oracle_nfe for r in done]),
         "oracle_tokens_per_step": mean([r.gen_length / r.oracle_nfe for r in done if r.oracle_nfe]),
         "seconds": seconds,

@@ -376,12 +376,19 @@ def config_summary(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
                 "score": sum(r["score"] for r in rs) / n,
                 "score_strict": sum(r["score_strict"] for r in rs) / n,
                 "tokens_per_step": sum(r["tokens_per_step"] for r in rs) / n,
+                "token_forwards": _mean([r.get("token_forwards") for r in rs]),  # rows written before: None
+                "accepted_steps_per_call": _mean([r.get("accepted_steps_per_call") for r in rs]),
                 "nfe_ratio": sum(ratios) / len(ratios) if ratios else None,
                 "tokens_per_second": sum(r["n"] * r["gen_length"] for r in rs) / secs if secs > 0 else None,
                 "threads": _threads(rs),
             }
         )
     return out
+
+
+def _mean(vals: list[float | None]) -> float | None:
+    vals = [v for v in vals if v is not None]
+    return sum(vals) / len(vals) if vals else None
 
 
 def _threads(rows: list[dict[str, Any]]) -> int | list[int] | None:

@@ -17,6 +17,15 @@ The contract, in the order the loop calls it (``dlm_decode.decode``):
 extensions ride on the same ``Selection``: ``block_end`` at a block's first step moves each row's block end (variable
 blocks: the row's next block then starts there); a row in ``stop_rows`` may commit every masked generation slot of
 the region in that step (an all-in commit), after which it stops; ``cut_at`` cuts a row's canvas (EoTP).
+
+Draft-and-verify (``lossless``). Before a step's forward the loop asks ``draft(state, r0, r1)``; the default, None,
+is the ordinary step above. A sampler that returns ``Drafts`` (D canvases: the current one with extra region slots
+filled in) gets one batched forward over the current canvas and its D drafts, then ``verify(state, logits, drafts,
+r0)`` with logits ``[B, 1 + D, R, V]`` (index 0: the current canvas) instead of ``select``. ``verify`` returns an
+ordinary ``Selection`` (committed against the current canvas, under the same contract) whose ``steps`` says how many
+steps of the rule it follows the commit stands for; the loop counts them (``accepted_steps``). Drafts never touch the
+canvas, the cursor or the cache's K/V store: only the returned commit does. ``check_cache(cache)`` lets a sampler
+refuse a cache it cannot run with, before any work.
 """
 
 from __future__ import annotations
@@ -40,6 +49,16 @@ class Selection:
     stop_rows: torch.Tensor | None = None  # [B] bool: rows whose decoding ends after this step (all-in commit)
     cut_at: torch.Tensor | None = None  # [B] long: absolute slot from which the row's canvas is cut (EoTP), -1 none
     block_end: torch.Tensor | None = None  # [B] long: each row's new exclusive block end (a block's first step only)
+    # [B] long: steps of the followed rule this commit stands for (draft-and-verify: accepted drafts + 1); None: one
+    steps: torch.Tensor | None = None
+
+
+@dataclass(frozen=True)
+class Drafts:
+    """Canvases a draft-and-verify sampler asks the loop to run beside the current one in the step's forward."""
+
+    commit: torch.Tensor  # [B, D, R] bool: region slots draft j fills on top of the current canvas
+    tokens: torch.Tensor  # [B, R] long: the token each drafted slot gets (the same in every draft)
 
 
 @dataclass(frozen=True)
@@ -55,6 +74,7 @@ class Sampler:
     # in by ``dlm_decode.decode.request.check_request``)
     follows_model_defaults: ClassVar[bool] = False
     option_defaults: ClassVar[dict[str, Any]] = {}  # the reference's own value of each unset (None) field
+    greedy_only: ClassVar[bool] = False  # True: refuses temperature > 0 (its promise holds only at temperature 0)
 
     def check(self, config: DecodeConfig, num_blocks: int) -> None:
         """Validate the sampler against the decoding config (before any work)."""
@@ -88,8 +108,20 @@ class Sampler:
     def region(self, state: DecodeState) -> tuple[int, int]:
         return state.region()
 
+    def check_cache(self, cache: Any) -> None:
+        """Validate the cache policy this sampler runs with (before any work); the default accepts every cache."""
+
     def select(self, state: DecodeState, logits: torch.Tensor, r0: int) -> Selection:
         raise NotImplementedError
+
+    # draft-and-verify (see the module docstring); ordinary samplers keep the defaults
+    def draft(self, state: DecodeState, r0: int, r1: int) -> Drafts | None:
+        """Draft canvases to verify in this step's forward, or None for an ordinary step (the default)."""
+        return None
+
+    def verify(self, state: DecodeState, logits: torch.Tensor, drafts: Drafts, r0: int) -> Selection:
+        """``logits`` [B, 1 + D, R, V]: the current canvas's, then each draft's. What to commit now."""
+        raise NotImplementedError(f"{self.name}: returned drafts but has no verify")
 
     # helpers shared by the LLaDA-family samplers
     def proposals(self, state: DecodeState, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -16,6 +16,7 @@ from dlm_decode.samplers.entropy_threshold import EntropyThreshold
 from dlm_decode.samplers.factor import Factor
 from dlm_decode.samplers.learned_filter import LearnedFilter
 from dlm_decode.samplers.local_leap import LocalLeap
+from dlm_decode.samplers.lossless import Lossless
 from dlm_decode.samplers.low_confidence import LowConfidence
 from dlm_decode.samplers.random_remask import RandomRemask
 from dlm_decode.samplers.threshold import Threshold
@@ -35,6 +36,7 @@ SAMPLERS: dict[str, type[Sampler]] = {
     "adaptive_block": AdaptiveBlock,
     "learned_filter": LearnedFilter,
     "entropy_threshold": EntropyThreshold,
+    "lossless": Lossless,
 }
 
 

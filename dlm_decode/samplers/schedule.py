@@ -28,3 +28,13 @@ def dream_count(masked: torch.Tensor, step: int, steps: int, eps: float) -> torc
     ratio = 1 - t[step + 1] / t[step]
     n = masked.to(torch.float32) * ratio  # float32 product, truncated like Python's int()
     return n.long()
+
+
+def dream_counts(masked: torch.Tensor, step: torch.Tensor, steps: int, eps: float) -> torch.Tensor:
+    """``dream_count`` with a step per entry: masked, step [...] (same shape) -> tokens to commit at each, with the
+    same float32 arithmetic (so each entry equals ``dream_count(masked, step, steps, eps)``)."""
+    t = torch.linspace(1, eps, steps + 1, device=masked.device)  # float32, as in the reference
+    s = step.clamp(max=steps - 1)
+    ratio = 1 - t[s + 1] / t[s]
+    n = (masked.to(torch.float32) * ratio).long()
+    return torch.where(step >= steps - 1, masked, n)
