@@ -315,6 +315,12 @@ def test_stages_weights_and_schedule():
     f = tr.wsd_lambda(warmup=4, total=100, decay=10)
     assert [f(0), f(3), f(50), f(89)] == [0.25, 1.0, 1.0, 1.0]
     assert f(90) == pytest.approx(1.0) and f(95) == pytest.approx(0.55) and f(99) == pytest.approx(0.19)
+    # a later stage ramps the rate again over restart_warmup steps, also inside the final decay
+    assert tr.stage_starts(stages) == (5, 8)
+    g = tr.wsd_lambda(warmup=4, total=100, decay=10, restarts=(40, 92), restart_warmup=10)
+    assert [g(39), g(40), g(44), g(49), g(50)] == pytest.approx([1.0, 0.1, 0.5, 1.0, 1.0])
+    assert g(92) == pytest.approx(0.1 * f(92)) and g(97) == pytest.approx(0.6 * f(97))
+    assert tr.wsd_lambda(4, 100, 10, restarts=(40,), restart_warmup=0)(40) == 1.0
 
 
 def test_resume_from_checkpoint_is_exact(tok, tmp_path, mini_pb):

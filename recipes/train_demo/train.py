@@ -305,18 +305,37 @@ def stage_at(stages: list[Stage], step: int) -> tuple[int, Stage]:
     return len(stages) - 1, stages[-1]
 
 
-def wsd_lambda(warmup: int, total: int, decay: int, floor: float = 0.1):
+def wsd_lambda(
+    warmup: int, total: int, decay: int, floor: float = 0.1, restarts: tuple[int, ...] = (), restart_warmup: int = 0
+):
     """Warm-up, then a constant rate, then a linear decay to ``floor`` over the last ``decay`` steps. Extending a run
-    (more steps on --resume) only moves the decay, so a curriculum can grow without restarting its schedule."""
+    (more steps on --resume) only moves the decay, so a curriculum can grow without restarting its schedule.
+
+    ``restarts`` (the first steps of later stages) each ramp the rate again from ``1 / restart_warmup`` over
+    ``restart_warmup`` steps: a new kind of row (the official prompts after short rows) starts at a loss near 16 and,
+    at the full rate, its first updates wiped out the in-context copying the short stages had built (measured)."""
 
     def f(step: int) -> float:
         if step < warmup:
             return (step + 1) / warmup
+        scale = 1.0
+        for start in restarts:
+            if restart_warmup and start <= step < start + restart_warmup:
+                scale = (step - start + 1) / restart_warmup
         if step < total - decay:
-            return 1.0
-        return max(floor, floor + (1 - floor) * (total - step) / max(decay, 1))
+            return scale
+        return scale * max(floor, floor + (1 - floor) * (total - step) / max(decay, 1))
 
     return f
+
+
+def stage_starts(stages: list[Stage]) -> tuple[int, ...]:
+    """First step of every stage after the first."""
+    starts, end = [], 0
+    for st in stages[:-1]:
+        end += st.steps
+        starts.append(end)
+    return tuple(starts)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -372,6 +391,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--lr", type=float, default=1e-3, help="peak learning rate (3e-3 kept d_model 128 off in-context copying)"
     )
     ap.add_argument("--warmup", type=int, default=100)
+    ap.add_argument(
+        "--stage-warmup",
+        type=int,
+        default=200,
+        help="steps over which the learning rate ramps up again at the start of every later stage (0: no ramp)",
+    )
     ap.add_argument("--decay-steps", type=int, default=None, help="linear decay at the end (default: 15%% of steps)")
     ap.add_argument("--weight-decay", type=float, default=0.1)
     ap.add_argument("--seed", type=int, default=0)
@@ -464,7 +489,9 @@ def main(argv: list[str] | None = None) -> None:
         betas=(0.9, 0.95),
     )
     decay_steps = args.decay_steps if args.decay_steps is not None else int(0.15 * total)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, wsd_lambda(args.warmup, total, decay_steps))
+    restarts = stage_starts(args.stage_list)
+    schedule = wsd_lambda(args.warmup, total, decay_steps, restarts=restarts, restart_warmup=args.stage_warmup)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
     model, opt, sched = accelerator.prepare(model, opt, sched)
 
     start_step = 0
@@ -552,6 +579,9 @@ def main(argv: list[str] | None = None) -> None:
         if accelerator.is_main_process and (done == total or args.export_every and done % args.export_every == 0):
             card = {"step": done, "train_seconds": round(elapsed), **meta}
             export_model(accelerator.unwrap_model(model), tok, run_dir / "export", card)
+        if accelerator.is_main_process and done in restarts:  # every stage's end state is kept
+            card = {"step": done, "train_seconds": round(elapsed), **meta}
+            export_model(accelerator.unwrap_model(model), tok, run_dir / f"export-step{done}", card)
         if args.stop_after is not None and done >= args.stop_after:
             break
     bar.close()
