@@ -417,6 +417,11 @@ def test_bare_short_rows_and_tied_embeddings(mini_pb, tok):
         text = tok.decode(prompt[1:])
         assert text.startswith("copy [") and resp[-1] == eot and eot not in resp[:-1]
         assert tok.decode(resp[:-1]) == text[len("copy ") :].rstrip("\n")  # copy: the answer is the list itself
+    padded = stream.rows(2, st.Mix(batch=6, short_share=1.0, tasks=("waiting_line/copy",), bare=True, pad=True))
+    for (p0, r0, _), (p1, r1, _) in zip(rows, padded, strict=True):
+        # same rows, the response padded with EOS to the task's 32 tokens, like the official rows' responses
+        assert p1 == p0 and len(r1) == 32 and r1[: len(r0)] == r0
+        assert set(r1[len(r0) :]) == {tok.eos_token_id} and len(r0) < 32
     size = tr.ModelSize(d_model=32, n_layers=1, n_heads=2, n_kv_heads=2, mlp_hidden=64, tie_embeddings=True)
     model = tr.make_model("llada", size, tok)
     assert model.config.weight_tying and not hasattr(model.model.transformer, "ff_out")

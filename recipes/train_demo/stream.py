@@ -95,6 +95,7 @@ class Mix:
     tasks: tuple[str, ...] = TASKS
     weights: tuple[float, ...] | None = None
     bare: bool = False  # short rows as raw text (bos + prompt, no chat turn) answered by answer + eot, no padding
+    pad: bool = False  # bare short rows padded with EOS to the task's gen length, like the official rows' responses
 
 
 class RowStream:
@@ -139,7 +140,10 @@ class RowStream:
             for s in self.samples(task, n, rng.randrange(2**62)):
                 target = random_answer(task, s, answer_rng)
                 if kind == "short" and mix.bare:
-                    out.append((*self.encode_bare(short_prompt(task, s), target), f"{kind}/{task}"))
+                    prompt, resp = self.encode_bare(short_prompt(task, s), target)
+                    if mix.pad:
+                        resp = resp + [self.tok.eos_token_id] * max(gen_length - len(resp), 0)
+                    out.append((prompt, resp, f"{kind}/{task}"))
                     continue
                 if kind == "short":
                     chat = [{"role": "user", "content": short_prompt(task, s)}]

@@ -370,10 +370,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--full-batch", type=int, default=64, help="batch size of full stages")
     ap.add_argument(
         "--short-format",
-        choices=("chat", "bare"),
+        choices=("chat", "bare", "bare-padded"),
         default="bare",
-        help="short stages' rows: a chat turn answered in the task's padded length, or bare text answered by the "
-        "answer and <|eot_id|> alone",
+        help="short stages' rows: a chat turn answered in the task's padded length, bare text answered by the "
+        "answer and <|eot_id|> alone, or bare text answered by answer, <|eot_id|> and EOS padding to the task's "
+        "gen length (so the official rows' padding is not new when the full stage starts); full stages' short rows "
+        "take the same format",
     )
     ap.add_argument("--short-share", type=float, default=0.25, help="share of short rows in a full stage's batch")
     ap.add_argument(
@@ -501,12 +503,14 @@ def main(argv: list[str] | None = None) -> None:
         start_step = json.loads((ckpt / "trainer_state.json").read_text())["step"]
         accelerator.print(f"resumed from {ckpt} at step {start_step}")
 
+    bare, pad = args.short_format != "chat", args.short_format == "bare-padded"
+
     def mix_for(stage: Stage) -> Mix:
         tasks = stage.tasks or TASKS
         weights = tuple(args.weights.get(t, 1.0) for t in tasks)
         if stage.kind == "short":
-            return Mix(args.short_batch, 1.0, tasks, weights, bare=args.short_format == "bare")
-        return Mix(args.full_batch, args.short_share, tasks, weights)
+            return Mix(args.short_batch, 1.0, tasks, weights, bare=bare, pad=pad)
+        return Mix(args.full_batch, args.short_share, tasks, weights, bare=bare, pad=pad)
 
     log_path = run_dir / "log.jsonl"
     meta = {
