@@ -323,13 +323,34 @@ def test_stages_weights_and_schedule():
     assert tr.wsd_lambda(4, 100, 10, restarts=(40,), restart_warmup=0)(40) == 1.0
 
 
+def test_stage_options_set_rate_share_icl_padding_and_reset(capsys):
+    tr = _load("train")
+    stages = tr.parse_stages("short[copy]:5,full[copy+reverse]{lr=2.5e-4,share=0.5,icl=1,pad=1,reset}:10,full:3")
+    assert stages[0] == tr.Stage("short", 5, ("waiting_line/copy",))
+    assert stages[1] == tr.Stage(
+        "full", 10, ("waiting_line/copy", "waiting_line/reverse"), lr=2.5e-4, share=0.5, icl=1.0, pad=True, reset=True
+    )
+    assert stages[2].lr is None and not stages[2].reset
+    for bad in ("full{lr=0}:3", "full{share=1.5}:3", "full{icl=x}:3", "full{speed=2}:3", "full{pad=yes}:3"):
+        with pytest.raises(SystemExit, match="--stages"):
+            tr.parse_stages(bad)
+    # the stage's own peak rate scales the whole schedule shape (warm-up, restarts, final decay) for its steps
+    scale = lambda step: (tr.stage_at(stages, step)[1].lr or 1e-3) / 1e-3  # noqa: E731
+    f = tr.wsd_lambda(warmup=2, total=18, decay=2, scale_at=scale)
+    assert [f(0), f(4), f(5), f(14), f(15), f(17)] == pytest.approx([0.5, 1.0, 0.25, 0.25, 1.0, 0.55])
+    with pytest.raises(SystemExit):
+        tr.parse_args(["--tokenizer", "t", "--out", "o", "--short-icl", "2"])
+    assert "--short-icl must be in [0, 1]" in capsys.readouterr().err
+
+
 def test_resume_from_checkpoint_is_exact(tok, tmp_path, mini_pb):
     from safetensors.torch import load_file
 
     tr = _load("train")
     tok.save_pretrained(tmp_path / "tok")
     common = ["--parallelbench", str(mini_pb), "--tokenizer", str(tmp_path / "tok"), "--d-model", "32"]
-    common += ["--n-layers", "1", "--n-heads", "2", "--mlp-hidden", "64", "--stages", "short:2,full:2"]
+    common += ["--n-layers", "1", "--n-heads", "2", "--mlp-hidden", "64"]
+    common += ["--stages", "short:2,full{lr=5e-4,reset,share=0.5,icl=0.5}:2"]
     common += ["--short-batch", "6", "--full-batch", "4", "--save-every", "2", "--eval-every", "4"]
     common += ["--eval-samples", "1", "--warmup", "1", "--threads", "1", "--export-every", "0"]
     tr.main([*common, "--out", str(tmp_path / "a")])
@@ -346,6 +367,9 @@ def test_resume_from_checkpoint_is_exact(tok, tmp_path, mini_pb):
     for k in a:
         assert torch.equal(a[k], b[k]), k
     assert sorted(p.name for p in ckpts.glob("step-*")) == ["step-0000002", "step-0000004"]
+    # the full stage started with fresh Adam moments: two steps counted at the end, not four
+    opt_state = torch.load(ckpts / "step-0000004" / "optimizer.bin", weights_only=False)["state"]
+    assert {int(v["step"]) for v in opt_state.values()} == {2}
     log_a = [json.loads(x) for x in (tmp_path / "a" / "log.jsonl").read_text().splitlines()]
     log_b = [json.loads(x) for x in (tmp_path / "b" / "log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in log_b] == [1, 2, 3, 4]  # the re-run step 3 replaced, not repeated
@@ -417,6 +441,17 @@ def test_bare_short_rows_and_tied_embeddings(mini_pb, tok):
         text = tok.decode(prompt[1:])
         assert text.startswith("copy [") and resp[-1] == eot and eot not in resp[:-1]
         assert tok.decode(resp[:-1]) == text[len("copy ") :].rstrip("\n")  # copy: the answer is the list itself
+    # with the in-context example first the row holds two lists, and the answer is the last one's
+    icl = stream.rows(2, st.Mix(batch=6, short_share=1.0, tasks=("waiting_line/copy",), bare=True, icl=1.0))
+    for (p0, r0, _), (p1, r1, _) in zip(rows, icl, strict=True):
+        assert r1 == r0 and p1[-len(p0) + 1 :] == p0[1:] and p1[0] == tok.bos_token_id
+        example = tok.decode(p1[1 : len(p1) - len(p0) + 1])
+        shown, answer = example.removesuffix("<|eot_id|>").split("\n")
+        assert shown == "copy " + answer and answer != tok.decode(r0[:-1])  # another list, answered
+    half = stream.rows(2, st.Mix(batch=6, short_share=1.0, tasks=("waiting_line/copy",), bare=True, icl=0.5))
+    assert 0 < sum(len(a[0]) > len(b[0]) for a, b in zip(half, rows, strict=True)) < 6
+    chat = stream.rows(2, st.Mix(batch=6, short_share=1.0, tasks=("waiting_line/copy",), icl=1.0))
+    assert all(tok.decode(p).count("<|start_header_id|>user") == 2 for p, _, _ in chat)
     padded = stream.rows(2, st.Mix(batch=6, short_share=1.0, tasks=("waiting_line/copy",), bare=True, pad=True))
     for (p0, r0, _), (p1, r1, _) in zip(rows, padded, strict=True):
         # same rows, the response padded with EOS to the task's 32 tokens, like the official rows' responses

@@ -39,7 +39,7 @@ from dlm_decode.parallelbench.generator import (
     random_answer,
     sample_key,
 )
-from dlm_decode.parallelbench.tasks import build_messages, load_task, max_new_tokens
+from dlm_decode.parallelbench.tasks import answer_text, build_messages, load_task, max_new_tokens
 
 # the generator's ten operations, the four whole-list ones first; the order fixes which task a seeded draw picks, so it
 # is part of the data
@@ -96,6 +96,7 @@ class Mix:
     weights: tuple[float, ...] | None = None
     bare: bool = False  # short rows as raw text (bos + prompt, no chat turn) answered by answer + eot, no padding
     pad: bool = False  # bare short rows padded with EOS to the task's gen length, like the official rows' responses
+    icl: float = 0.0  # share of short rows that first show the sample's in-context example, answered (two lists)
 
 
 class RowStream:
@@ -134,24 +135,47 @@ class RowStream:
         for kind, i in zip(kinds, picks, strict=True):
             wanted[(kind, mix.tasks[i])] = wanted.get((kind, mix.tasks[i]), 0) + 1
         out = []
+        icl_rng = random.Random(f"icl/{self.seed}/{step}")
         for (kind, task), n in sorted(wanted.items()):
             answer_rng = random.Random(rng.randrange(2**62))
             gen_length = max_new_tokens(task)
             for s in self.samples(task, n, rng.randrange(2**62)):
                 target = random_answer(task, s, answer_rng)
-                if kind == "short" and mix.bare:
-                    prompt, resp = self.encode_bare(short_prompt(task, s), target)
-                    if mix.pad:
-                        resp = resp + [self.tok.eos_token_id] * max(gen_length - len(resp), 0)
-                    out.append((prompt, resp, f"{kind}/{task}"))
-                    continue
                 if kind == "short":
-                    chat = [{"role": "user", "content": short_prompt(task, s)}]
+                    # the ICL draw has its own generator, so rows without it are those of earlier runs (resume)
+                    with_icl = mix.icl > 0 and icl_rng.random() < mix.icl
+                    prompt, resp = self.short_row(task, s, target, gen_length, mix, with_icl)
                 else:
-                    chat = build_messages(self.configs[task], s)
-                out.append((*self.encode(chat, target, gen_length), f"{kind}/{task}"))
+                    prompt, resp = self.encode(build_messages(self.configs[task], s), target, gen_length)
+                out.append((prompt, resp, f"{kind}/{task}"))
         rng.shuffle(out)
         return out
+
+    def short_row(
+        self, task: str, sample: Mapping[str, Any], target: str, gen_length: int, mix: Mix, icl: bool
+    ) -> tuple[list[int], list[int]]:
+        """One short row; with ``icl`` the sample's in-context example and its answer come first, as in the official
+        prompt, so the row holds two lists and the answer must be read from the last one."""
+        examples = list(sample["input"].get("icl_examples") or []) if icl else []
+        if mix.bare:
+            eot = self.tok.convert_tokens_to_ids("<|eot_id|>")
+            prompt = [self.tok.bos_token_id]
+            for ex in examples:
+                text = short_prompt(task, ex) + "\n" + answer_text(ex["answer"])
+                prompt += [*self.tok(text, add_special_tokens=False)["input_ids"], eot]
+            prompt += self.tok(short_prompt(task, sample) + "\n", add_special_tokens=False)["input_ids"]
+            resp = [*self.tok(target, add_special_tokens=False)["input_ids"], eot]
+            if mix.pad:
+                resp = resp + [self.tok.eos_token_id] * max(gen_length - len(resp), 0)
+            return prompt, resp
+        chat = []
+        for ex in examples:
+            chat += [
+                {"role": "user", "content": short_prompt(task, ex)},
+                {"role": "assistant", "content": answer_text(ex["answer"])},
+            ]
+        chat.append({"role": "user", "content": short_prompt(task, sample)})
+        return self.encode(chat, target, gen_length)
 
 
 def heldout(data_dir: str | Path, seed: int, per_task: int, exclude: Mapping[str, set]) -> dict[str, list[dict]]:

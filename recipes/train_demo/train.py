@@ -235,23 +235,39 @@ def export_model(model: Any, tok: Any, out: Path, card: dict | None = None) -> N
 @dataclass(frozen=True)
 class Stage:
     """One stage of the curriculum: ``kind`` short (short rows only) or full (official prompts plus a share of short
-    rows), for ``steps`` steps, over ``tasks`` (None: all twelve)."""
+    rows), for ``steps`` steps, over ``tasks`` (None: all twelve). Options left None take the command line's value:
+    ``lr`` the stage's peak learning rate, ``share`` the short rows' share of a full stage's batch, ``icl`` the share
+    of short rows shown the sample's in-context example first, ``pad`` whether bare short rows get EOS padding;
+    ``reset`` starts the stage with fresh optimizer moments (Adam's second moments from easy rows make the first
+    updates on a new kind of row several times the learning rate)."""
 
     kind: str
     steps: int
     tasks: tuple[str, ...] | None = None
+    lr: float | None = None
+    share: float | None = None
+    icl: float | None = None
+    pad: bool | None = None
+    reset: bool = False
+
+
+_STAGE_OPTIONS = ("lr", "share", "icl", "pad", "reset")
 
 
 def parse_stages(spec: str) -> list[Stage]:
-    """``"short:600,full:5000"``; a stage may name its tasks: ``short[sort+shuffle]:300`` (op names or full names)."""
+    """``"short:600,full:5000"``; a stage may name its tasks, ``short[sort+shuffle]:300`` (op names or full names),
+    and set options, ``full[copy+reverse]{lr=3e-4,share=0.5,icl=0.5,pad=1,reset}:1000``."""
     from stream import TASKS
 
     stages = []
     for part in _split_top(spec):
         head, sep, steps = part.rpartition(":")
+        head, _, opts = head.partition("{")
         kind, _, rest = head.partition("[")
         if not sep or kind not in ("short", "full") or not steps.isdigit() or int(steps) <= 0:
-            raise SystemExit(f"--stages: bad stage {part!r}; expected short:N or full:N, optionally short[a+b]:N")
+            raise SystemExit(
+                f"--stages: bad stage {part!r}; expected short:N or full:N, optionally short[a+b]{{lr=1e-3}}:N"
+            )
         tasks = None
         if rest:
             names = [t.strip() for t in rest.rstrip("]").split("+") if t.strip()]
@@ -260,17 +276,41 @@ def parse_stages(spec: str) -> list[Stage]:
             if unknown:
                 raise SystemExit(f"--stages: unknown task(s) {unknown}; known: {', '.join(full)}")
             tasks = tuple(full[t] for t in names)
-        stages.append(Stage(kind, int(steps), tasks))
+        stages.append(Stage(kind, int(steps), tasks, **_stage_options(part, opts.rstrip("}"))))
     if not stages:
         raise SystemExit("--stages: no stage given")
     return stages
 
 
+def _stage_options(part: str, text: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for item in (t.strip() for t in text.split(",")):
+        if not item:
+            continue
+        key, eq, value = item.partition("=")
+        if key not in _STAGE_OPTIONS:
+            raise SystemExit(f"--stages: unknown option {key!r} in {part!r}; allowed: {', '.join(_STAGE_OPTIONS)}")
+        try:
+            if key == "reset":
+                out[key] = not eq or bool(int(value))
+            elif key == "pad":
+                out[key] = bool(int(value))
+            else:
+                out[key] = float(value)
+        except ValueError:
+            raise SystemExit(f"--stages: bad value {value!r} for {key} in {part!r}") from None
+        if key in ("share", "icl") and not 0.0 <= out[key] <= 1.0:
+            raise SystemExit(f"--stages: {key} must be in [0, 1] in {part!r}")
+        if key == "lr" and out[key] <= 0:
+            raise SystemExit(f"--stages: lr must be > 0 in {part!r}")
+    return out
+
+
 def _split_top(spec: str) -> list[str]:
     parts, depth, cur = [], 0, ""
     for ch in spec:
-        depth += ch == "["
-        depth -= ch == "]"
+        depth += ch in "[{"
+        depth -= ch in "]}"
         if ch == "," and depth == 0:
             parts.append(cur.strip())
             cur = ""
@@ -306,16 +346,27 @@ def stage_at(stages: list[Stage], step: int) -> tuple[int, Stage]:
 
 
 def wsd_lambda(
-    warmup: int, total: int, decay: int, floor: float = 0.1, restarts: tuple[int, ...] = (), restart_warmup: int = 0
+    warmup: int,
+    total: int,
+    decay: int,
+    floor: float = 0.1,
+    restarts: tuple[int, ...] = (),
+    restart_warmup: int = 0,
+    scale_at: Any = None,
 ):
     """Warm-up, then a constant rate, then a linear decay to ``floor`` over the last ``decay`` steps. Extending a run
     (more steps on --resume) only moves the decay, so a curriculum can grow without restarting its schedule.
 
     ``restarts`` (the first steps of later stages) each ramp the rate again from ``1 / restart_warmup`` over
     ``restart_warmup`` steps: a new kind of row (the official prompts after short rows) starts at a loss near 16 and,
-    at the full rate, its first updates wiped out the in-context copying the short stages had built (measured)."""
+    at the full rate, its first updates wiped out the in-context copying the short stages had built (measured).
+    ``scale_at(step)`` multiplies the whole schedule (a stage's own peak rate over the command line's)."""
 
     def f(step: int) -> float:
+        base = scale_at(step) if scale_at is not None else 1.0
+        return base * _shape(step)
+
+    def _shape(step: int) -> float:
         if step < warmup:
             return (step + 1) / warmup
         scale = 1.0
@@ -379,6 +430,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     ap.add_argument("--short-share", type=float, default=0.25, help="share of short rows in a full stage's batch")
     ap.add_argument(
+        "--short-icl",
+        type=float,
+        default=0.0,
+        help="share of short rows that first show the sample's in-context example and its answer (two lists, as in "
+        "the official prompts); a stage's {icl=...} overrides it",
+    )
+    ap.add_argument(
         "--task-weights",
         default="sort=2,shuffle=1.5,insert_random=1.5,remove_random=1.5,replace_random=1.5,sudoku_n4_12=2",
         help="sampling weight per task (default 1)",
@@ -416,6 +474,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "optimizer and schedule start fresh (the architecture flags are then taken from its config)",
     )
     args = ap.parse_args(argv)
+    for flag in ("short_share", "short_icl"):
+        if not 0.0 <= getattr(args, flag) <= 1.0:
+            ap.error(f"--{flag.replace('_', '-')} must be in [0, 1], got {getattr(args, flag)}")
     args.stage_list = parse_stages(args.stages)
     args.weights = parse_weights(args.task_weights)
     return args
@@ -492,7 +553,15 @@ def main(argv: list[str] | None = None) -> None:
     )
     decay_steps = args.decay_steps if args.decay_steps is not None else int(0.15 * total)
     restarts = stage_starts(args.stage_list)
-    schedule = wsd_lambda(args.warmup, total, decay_steps, restarts=restarts, restart_warmup=args.stage_warmup)
+    stage_list = args.stage_list
+    schedule = wsd_lambda(
+        args.warmup,
+        total,
+        decay_steps,
+        restarts=restarts,
+        restart_warmup=args.stage_warmup,
+        scale_at=lambda step: (stage_at(stage_list, step)[1].lr or args.lr) / args.lr,
+    )
     sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
     model, opt, sched = accelerator.prepare(model, opt, sched)
 
@@ -508,9 +577,14 @@ def main(argv: list[str] | None = None) -> None:
     def mix_for(stage: Stage) -> Mix:
         tasks = stage.tasks or TASKS
         weights = tuple(args.weights.get(t, 1.0) for t in tasks)
+        padded = pad if stage.pad is None else stage.pad
+        icl = stage.icl if stage.icl is not None else args.short_icl
         if stage.kind == "short":
-            return Mix(args.short_batch, 1.0, tasks, weights, bare=bare, pad=pad)
-        return Mix(args.full_batch, args.short_share, tasks, weights, bare=bare, pad=pad)
+            return Mix(args.short_batch, 1.0, tasks, weights, bare=bare, pad=padded, icl=icl)
+        share = stage.share if stage.share is not None else args.short_share
+        return Mix(args.full_batch, share, tasks, weights, bare=bare, pad=padded, icl=icl)
+
+    resets = {start for start, st in zip(stage_starts(args.stage_list), args.stage_list[1:], strict=True) if st.reset}
 
     log_path = run_dir / "log.jsonl"
     meta = {
@@ -536,6 +610,8 @@ def main(argv: list[str] | None = None) -> None:
     done = start_step
     for step in bar:
         stage_index, stage = stage_at(args.stage_list, step)
+        if step in resets:  # fresh moments; the checkpoints after this step hold the new ones, so resume agrees
+            getattr(opt, "optimizer", opt).state.clear()
         rows = stream.rows(step, mix_for(stage))
         mine = rows[accelerator.process_index :: accelerator.num_processes]
         batch = collate([(p, r) for p, r, _ in mine], tok.pad_token_id)
@@ -559,6 +635,7 @@ def main(argv: list[str] | None = None) -> None:
             "stage": stage_index,
             "loss": round(lv, 4),
             "ema": round(ema, 4),
+            "lr": float(f"{sched.get_last_lr()[0]:.3g}"),
             "elapsed": round(elapsed, 1),
         }
         if args.eval_every and (done % args.eval_every == 0 or done == total):
