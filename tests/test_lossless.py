@@ -183,3 +183,34 @@ def test_runner_reports_lossless_statistics(demo_tasks):
     assert res.token_forwards > ref.token_forwards / 2
     row = res.to_json()
     assert {"token_forwards", "accepted_steps_per_call"} <= set(row)
+
+
+def test_sweep_table_shows_steps_per_call_and_slots_per_forward():
+    from dlm_decode.parallelbench.sweep import format_sweep
+
+    def row(cid, label, method, nfe, tf, calls):
+        return {
+            "config_id": cid,
+            "label": label,
+            "method": method,
+            "config": {"sampler": method},
+            "task": "t",
+            "score": 80.0,
+            "score_strict": 80.0,
+            "tokens_per_step": 32 / nfe,
+            "nfe_ratio": None,
+            "token_forwards": tf,
+            "accepted_steps_per_call": calls,
+            "n": 2,
+            "gen_length": 32,
+            "seconds": 1.0,
+        }
+
+    static = row("c1", "static", "low_confidence", 32, 32 * 32, 1.0)  # 32 forwards of a 32-slot block
+    lossless = row("c2", "lossless d=4", "lossless", 8, 8 * 32 * 5, 4.0)  # 8 forwards of 5 x 32 slots
+    lines = format_sweep([static, lossless]).splitlines()
+    assert lines[0].split()[-2:] == ["steps/call", "slots/fwd"]
+    cells = {ln.split()[0]: ln.split() for ln in lines[2:4]}
+    assert cells["static"][-2:] == ["1.00", "32.0"] and cells["lossless"][-2:] == ["4.00", "160.0"]
+    # without a draft-and-verify config the table keeps its usual columns
+    assert "steps/call" not in format_sweep([static]).splitlines()[0]

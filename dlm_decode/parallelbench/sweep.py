@@ -376,6 +376,7 @@ def config_summary(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
                 "score": sum(r["score"] for r in rs) / n,
                 "score_strict": sum(r["score_strict"] for r in rs) / n,
                 "tokens_per_step": sum(r["tokens_per_step"] for r in rs) / n,
+                "slots_per_forward": _mean([_slots_per_forward(r) for r in rs]),
                 "token_forwards": _mean([r.get("token_forwards") for r in rs]),  # rows written before: None
                 "accepted_steps_per_call": _mean([r.get("accepted_steps_per_call") for r in rs]),
                 "nfe_ratio": sum(ratios) / len(ratios) if ratios else None,
@@ -384,6 +385,12 @@ def config_summary(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
             }
         )
     return out
+
+
+def _slots_per_forward(row: dict[str, Any]) -> float | None:
+    """Query slots computed per sequential forward of one task row (drafts multiply it; None: not recorded)."""
+    tf, tps, gen = row.get("token_forwards"), row.get("tokens_per_step"), row.get("gen_length")
+    return tf * tps / gen if tf is not None and tps and gen else None
 
 
 def _mean(vals: list[float | None]) -> float | None:
@@ -430,6 +437,12 @@ def format_sweep(rows: list[dict[str, Any]]) -> str:
         ]
         for s in summary
     ]
+    # draft-and-verify configs (lossless) buy fewer sequential forwards with more compute: show both sides
+    if any((s["accepted_steps_per_call"] or 1.0) > 1.0 for s in summary):
+        head += ["steps/call", "slots/fwd"]
+        for s, line in zip(summary, body, strict=True):
+            calls, slots = s["accepted_steps_per_call"], s["slots_per_forward"]
+            line += ["-" if calls is None else f"{calls:.2f}", "-" if slots is None else f"{slots:.1f}"]
     lines = [render_table(head, body), ""]
     for name, v in pbx(rows).items():
         lines.append(
