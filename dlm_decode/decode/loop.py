@@ -1,10 +1,12 @@
 """One block and one step of the decode loop.
 
 ``run_block``: ``begin_block`` (the cursor, the sampler's and the cache's set-up, the step bound), then steps until
-no row has a MASK left in its block (one host sync per step: that test). ``step``: the cache plans which slots to
-recompute, one forward gives aligned logits for the sampler's region, the sampler selects, ``commit_mask`` decides
-what is written, then the cut, all-in and EOS rules and the statistics. The step itself never waits for the device
-unless a progress bar asks.
+no row has a MASK left in its block (one host sync per step: that test, which also brings back the most masks a row
+has left). ``step``: the cache plans which slots to recompute, one forward gives aligned logits for the sampler's
+region, the sampler selects, ``commit_mask`` decides what is written, then the cut, all-in and EOS rules and the
+statistics. The step itself never waits for the device unless a progress bar asks. For a sampler that reads only
+its candidates' logits (``Sampler.reads_candidates_only``) the forward computes logits at those slots alone: the
+test's mask count bounds them, so building their index needs no further sync.
 
 Draft-and-verify samplers (``Sampler.draft`` returns ``Drafts``): the step's one forward runs the current canvas and
 its D drafts side by side (batch ``B * (1 + D)``, each row's copies against that row's cache under the same plan; a
@@ -21,6 +23,7 @@ from typing import Any
 import torch
 
 from dlm_decode.cache import CachePolicy, KVStore, StepPlan
+from dlm_decode.cache.plans import rows_to_index
 from dlm_decode.core.state import DecodeState
 from dlm_decode.decode.commit import all_in, commit_mask, cut, fail_nonfinite, record, stop_at_eos, stop_rows
 from dlm_decode.samplers import Sampler
@@ -38,8 +41,8 @@ def run_block(
 ) -> None:
     """Decode the next block of every row in ``todo`` [B] (from ``open_rows``), then move the cursor past it."""
     begin_block(state, smp, pol, todo)
-    while _block_open(state, smp):
-        step(model, state, smp, pol, store, bar)
+    while most := _masks_left(state, smp):
+        step(model, state, smp, pol, store, bar, most_masked=most)
     state.cursor.next_start = torch.maximum(state.cursor.block_end, state.cursor.next_start)
     state.cursor.block_index += 1
 
@@ -57,16 +60,27 @@ def begin_block(state: DecodeState, smp: Sampler, pol: CachePolicy, todo: torch.
     cur.block_limit = smp.max_block_steps(state)
 
 
-def _block_open(state: DecodeState, smp: Sampler) -> bool:
-    """Whether a row still has a MASK in its block (the step's one host sync, shared with the MASK-commit check)."""
-    left, bad = torch.stack([state.block_masked().any(), state.stats.mask_committed]).tolist()
+def _masks_left(state: DecodeState, smp: Sampler) -> int:
+    """The most MASK slots a row has left in its block, 0 when the block is done (the step's one host sync, shared
+    with the MASK-commit check)."""
+    most, bad = torch.stack([state.block_masked().sum(1).max(), state.stats.mask_committed.long()]).tolist()
     if bad:
         raise RuntimeError(f"sampler {smp.name!r} proposed the MASK id for a committed slot")
-    return bool(left)
+    return int(most)
 
 
-def step(model: Any, state: DecodeState, smp: Sampler, pol: CachePolicy, store: KVStore | None, bar=None) -> None:
-    """One forward and one selection: commit what the sampler chose (within the contract), then the stop rules."""
+def step(
+    model: Any,
+    state: DecodeState,
+    smp: Sampler,
+    pol: CachePolicy,
+    store: KVStore | None,
+    bar=None,
+    most_masked: int | None = None,
+) -> None:
+    """One forward and one selection: commit what the sampler chose (within the contract), then the stop rules.
+    ``most_masked``: the most masks a row has left in its block (from ``_masks_left``; None: unknown, so the
+    forward computes the whole region's logits)."""
     cur = state.cursor
     active = state.block_masked().any(1)  # [B] rows taking part in this step
     r0, r1 = smp.region(state)
@@ -80,7 +94,8 @@ def step(model: Any, state: DecodeState, smp: Sampler, pol: CachePolicy, store: 
     state.stats.refreshes += int(plan.refresh)
     computed = None if plan.candidates is None else plan.candidates[:, r0:r1]  # [B, R]
     if drafts is None:
-        logits = _forward(model, state, plan, (r0, r1), store)  # [B, R, V]
+        read = _read_index(state, smp, (r0, r1), computed, most_masked)
+        logits = _forward(model, state, plan, (r0, r1), store, read)  # [B, R, V]
         if computed is not None:  # slots the policy did not compute: flat logits, never committed
             logits = logits.masked_fill(~computed[..., None], 0.0)
         fail_nonfinite(state, logits, candidates(state, r0, r1))
@@ -114,11 +129,38 @@ def step(model: Any, state: DecodeState, smp: Sampler, pol: CachePolicy, store: 
         bar.update(int(committed.sum()))
 
 
+def _read_index(
+    state: DecodeState,
+    smp: Sampler,
+    region: tuple[int, int],
+    computed: torch.Tensor | None,
+    most_masked: int | None,
+) -> torch.Tensor | None:
+    """[B, N] region offsets of the candidates (``denoise``'s ``read``) when the sampler reads only those and they
+    are fewer than the region's slots; None: logits for the whole region."""
+    if not smp.reads_candidates_only:
+        return None
+    r0, r1 = region
+    cand = candidates(state, r0, r1)  # [B, R]
+    if computed is not None:  # the policy computed these alone; the others get flat logits anyway
+        cand = cand & computed
+    width = r1 - r0 if most_masked is None else min(most_masked, r1 - r0)
+    if width >= r1 - r0:  # every slot may be read: the plain region (no gather, no scatter)
+        return None
+    return rows_to_index(cand, width)
+
+
 def _forward(
-    model: Any, state: DecodeState, plan: StepPlan, region: tuple[int, int], store: KVStore | None
+    model: Any,
+    state: DecodeState,
+    plan: StepPlan,
+    region: tuple[int, int],
+    store: KVStore | None,
+    read: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """[B, R, V] aligned logits of the region, with classifier-free guidance applied when asked for."""
-    return _run_model(model, state, plan, region, store, state.canvas, state.positions, state.valid)
+    """[B, R, V] aligned logits of the region (zeros off ``read`` [B, N] offsets when given), with classifier-free
+    guidance applied when asked for."""
+    return _run_model(model, state, plan, region, store, state.canvas, state.positions, state.valid, read)
 
 
 def _forward_drafts(
@@ -158,6 +200,7 @@ def _run_model(
     canvas: torch.Tensor,  # [N, T]
     pos: torch.Tensor,  # [N, T]
     valid: torch.Tensor,  # [N, T]
+    read: torch.Tensor | None = None,  # [N, K] region offsets whose logits are wanted (None: all)
 ) -> torch.Tensor:
     """[N, R, V] aligned logits of the region for ``canvas`` under ``plan`` (classifier-free guidance applied)."""
     km, ki, compute = plan.key_mask, plan.key_index, plan.compute
@@ -169,10 +212,13 @@ def _run_model(
         km = None if km is None else torch.cat([km, km])
         ki = ki if ki is None or isinstance(ki, slice) else torch.cat([ki, ki])
         compute = compute if isinstance(compute, slice) else torch.cat([compute, compute])
+        read = None if read is None else torch.cat([read, read])
     if store is not None:
         store.frozen = not plan.write
     try:
-        logits = model.denoise(canvas, pos, compute=compute, region=region, store=store, key_mask=km, key_index=ki)
+        logits = model.denoise(
+            canvas, pos, compute=compute, region=region, store=store, key_mask=km, key_index=ki, read=read
+        )
     finally:
         if store is not None:
             store.end_step()

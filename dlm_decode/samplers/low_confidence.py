@@ -25,6 +25,7 @@ from dlm_decode.samplers.schedule import llada_schedule
 class LowConfidence(Sampler):
     name: ClassVar[str] = "low_confidence"
     fixed_budget: ClassVar[bool] = True
+    reads_candidates_only: ClassVar[bool] = True
 
     def begin_block(self, state: DecodeState) -> None:
         state.scratch[self.name] = llada_schedule(state.block_masked().sum(1), self.steps_per_block(state))

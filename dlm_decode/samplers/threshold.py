@@ -36,6 +36,7 @@ class Threshold(Sampler):
     threshold: float = 0.9
 
     name: ClassVar[str] = "threshold"
+    reads_candidates_only: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         check_probability(self.name, "threshold", self.threshold)
