@@ -149,9 +149,12 @@ def candidates(state: DecodeState, r0: int, r1: int, block_end: torch.Tensor | N
     return state.block_masked(block_end)[:, r0:r1]
 
 
-def top_k_per_row(score: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-    """[B, R] scores, [B] counts -> [B, R] bool of each row's k highest scores (torch.topk order on ties)."""
-    kmax = int(k.max()) if k.numel() else 0
+def top_k_per_row(score: torch.Tensor, k: torch.Tensor, kmax: int | None = None) -> torch.Tensor:
+    """[B, R] scores, [B] counts -> [B, R] bool of each row's k highest scores (torch.topk order on ties).
+
+    ``kmax``: ``k.max()`` when the caller knows it on the host (no device sync); None: read here."""
+    if kmax is None:
+        kmax = int(k.max()) if k.numel() else 0
     out = torch.zeros_like(score, dtype=torch.bool)
     if kmax == 0:
         return out
