@@ -3,6 +3,9 @@
 Storage is separate from policy: a cache policy (``dlm_decode.cache``) decides which slots the model recomputes
 in a step; the model writes the fresh K/V of exactly those slots here and attends over the whole store. Nothing
 grows per step: ``nbytes`` is fixed at construction and reported in the decoding statistics.
+
+``batch_rows`` (set by the loop for one forward, like ``frozen``) lets a forward run only some of the batch's rows:
+its ``n`` rows are the store's rows ``batch_rows`` [n]; writes land there and reads gather them.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ class KVStore:
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.frozen = False  # when True, writes are dropped (the step attends to fresh K/V but keeps the cache)
+        self.batch_rows: torch.Tensor | None = None  # [n] the store rows of a forward's n rows (None: all, in order)
         self._fresh: dict[int, tuple[torch.Tensor, torch.Tensor, slice | torch.Tensor]] = {}
 
     @property
@@ -40,6 +44,7 @@ class KVStore:
         out = KVStore.__new__(KVStore)
         out.k, out.v = self.k[:, rows], self.v[:, rows]  # [L, N, Hk, T, hd] copies
         out.frozen = False
+        out.batch_rows = None
         out._fresh = {}
         return out
 
@@ -50,7 +55,15 @@ class KVStore:
         if self.frozen:
             self._fresh[layer] = (k, v, slots)
             return
-        if isinstance(slots, slice):
+        rows = self.batch_rows
+        if rows is not None:  # [n, Hk, Q, hd] into rows ``rows`` of the [B, Hk, T, hd] layer buffers
+            if isinstance(slots, slice):
+                at = (rows, slice(None), slots)
+            else:  # row, head and slot ids broadcast to [n, Hk, Q]
+                at = (rows[:, None, None], torch.arange(k.shape[1], device=k.device)[None, :, None], slots[:, None])
+            self.k[layer][at] = k
+            self.v[layer][at] = v
+        elif isinstance(slots, slice):
             self.k[layer, :, :, slots] = k
             self.v[layer, :, :, slots] = v
         else:
@@ -65,10 +78,12 @@ class KVStore:
         return self._read(self.v, layer, 1)
 
     def _read(self, buf: torch.Tensor, layer: int, which: int) -> torch.Tensor:
+        rows = self.batch_rows
+        held = buf[layer] if rows is None else buf[layer].index_select(0, rows)  # [B or n, Hk, T, hd]
         if not self.frozen or layer not in self._fresh:
-            return buf[layer]
+            return held
         fresh = self._fresh[layer]
-        out, slots = buf[layer].clone(), fresh[2]
+        out, slots = (held.clone() if rows is None else held), fresh[2]
         if isinstance(slots, slice):
             out[:, :, slots] = fresh[which]
         else:
