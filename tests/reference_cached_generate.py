@@ -73,7 +73,7 @@ def llada_cached_forward(sd, cfg, ids, past=None, replace=None, sdpa=False):
 
 def _num_transfer(block_mask, steps):
     n = block_mask.sum(dim=1, keepdim=True)
-    out = torch.zeros(n.size(0), steps, dtype=torch.int64) + n // steps
+    out = torch.zeros(n.size(0), steps, dtype=torch.int64, device=n.device) + n // steps
     for i in range(n.size(0)):
         out[i, : (n % steps)[i]] += 1
     return out

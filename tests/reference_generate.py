@@ -17,7 +17,7 @@ import torch.nn.functional as F
 def _num_transfer(block_mask: torch.Tensor, steps: int) -> torch.Tensor:
     n = block_mask.sum(dim=1, keepdim=True)
     base, rem = n // steps, n % steps
-    out = torch.zeros(n.size(0), steps, dtype=torch.int64) + base
+    out = torch.zeros(n.size(0), steps, dtype=torch.int64, device=n.device) + base
     for i in range(n.size(0)):
         out[i, : rem[i]] += 1
     return out
