@@ -22,6 +22,7 @@ from reference_generate import fastdllm_generate, llada_generate
 import dlm_decode
 import dlm_decode.decode.loop as loop
 from dlm_decode.cache import KVStore
+from dlm_decode.core.state import BlockCursor, DecodeState
 from dlm_decode.models.common import take_rows
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -216,3 +217,24 @@ def test_versus_reference_benchmark_runs_and_finds_identical_tokens(llada_dir, c
     assert rows == {"llada_generate", "threshold", "threshold+prefix", "threshold+dual", "fixed+dual"}
     assert all(r["nfe_reference"] == r["nfe_ours"] > 0 for r in out["results"])
     assert {(d["gen_length"], d["batch"]) for d in out["threshold_dual_over_threshold"]} == {(32, 1), (32, 2)}
+
+
+def test_region_end_follows_every_block_end_change(llada, monkeypatch):
+    """The step's sync brings back the widest block end; a block end set anew (a sampler's variable block, a cut)
+    drops that copy, so ``region`` never reads a stale one."""
+    cursor = BlockCursor(next_start=torch.zeros(2, dtype=torch.long))
+    cursor.block_end, cursor.widest_end = torch.tensor([5, 9]), 9
+    cursor.block_end = torch.tensor([5, 7])
+    assert cursor.widest_end is None
+    original, seen = DecodeState.region, []
+
+    def checked(self):
+        got = original(self)
+        assert got == (self.block_start, int(self.block_end.max()))
+        seen.append(got)
+        return got
+
+    monkeypatch.setattr(DecodeState, "region", checked)
+    opts = {"delimiter_ids": tuple(range(3, 63)), "delimiter_threshold": 0.05}
+    out = dlm_decode.generate(llada, MIXED, sampler="adaptive_block", sampler_options=opts, gen_length=24)
+    assert seen and any(s != 8 for sizes in out.scratch["adaptive_block"] for s in sizes if s > 0)

@@ -62,11 +62,13 @@ def begin_block(state: DecodeState, smp: Sampler, pol: CachePolicy, todo: torch.
 
 def _masks_left(state: DecodeState, smp: Sampler) -> StepMasks:
     """How many masks are left in the rows' blocks (``most`` 0: the block is done): the step's one host sync, shared
-    with the MASK-commit check."""
+    with the MASK-commit check and the read of the widest block end (``DecodeState.region``)."""
     left = state.block_masked().sum(1)  # [B]
-    most, rows, bad = torch.stack([left.max(), (left > 0).sum(), state.stats.mask_committed.long()]).tolist()
+    facts = [left.max(), (left > 0).sum(), state.stats.mask_committed.long(), state.block_end.max()]
+    most, rows, bad, widest = torch.stack(facts).tolist()
     if bad:
         raise RuntimeError(f"sampler {smp.name!r} proposed the MASK id for a committed slot")
+    state.cursor.widest_end = int(widest)  # the step's region end, without a sync of its own
     return StepMasks(int(most), int(rows))
 
 
