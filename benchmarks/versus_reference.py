@@ -15,9 +15,9 @@ The reference side is the test suite's re-statements of the published loops: LLa
 (``tests/reference_generate.py``: ``llada_generate``), Fast-dLLM ``generate`` with a threshold (``fastdllm_generate``),
 ``generate_with_prefix_cache`` and ``generate_with_dual_cache`` (``tests/reference_cached_generate.py``). They run
 over ``llada_cached_forward``: a plain LLaDA forward over the checkpoint tensors that keeps Fast-dLLM's cache
-mechanics (K/V cached before RoPE, the whole key sequence rotated every call), here with SDPA attention as the
-official modeling file. Batches > 1 run as the reference runs them: one batched forward per step and a Python loop
-over the rows for the selection. Rows per configuration (gen length x batch; block 32):
+mechanics (K/V cached before RoPE, the whole key sequence rotated every call), here with SDPA attention and
+``F.silu`` as the official modeling file. Batches > 1 run as the reference runs them: one batched forward per step
+and a Python loop over the rows for the selection. Rows per configuration (gen length x batch; block 32):
 
 * ``llada_generate``: LLaDA ``generate``, ``low_confidence``, ``--vr-steps`` steps, no cache (the baseline);
 * ``threshold``: threshold 0.9, no cache; ``threshold+prefix``, ``threshold+dual``: with Fast-dLLM's caches;
@@ -144,7 +144,7 @@ class Counted:
 
 def reference_forward(model: Any) -> Callable[..., Any]:
     """``fwd(ids, past=None, replace=None) -> (logits, present)`` over the model's tensors (built once, untimed)."""
-    return functools.partial(llada_cached_forward, dict(model.state_dict()), model.config.to_dict(), sdpa=True)
+    return functools.partial(llada_cached_forward, dict(model.state_dict()), model.config.to_dict(), official_ops=True)
 
 
 def run_reference(

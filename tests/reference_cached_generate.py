@@ -9,7 +9,8 @@ positions ``[block_end - Q, block_end)`` (dual). The decoding functions keep the
 Python loops, ``torch.topk`` per row, the first step of a block on the full forward's logits).
 
 ``benchmarks/bench_speed.py --versus-reference`` times these loops against ``dlm_decode.generate``; it runs the forward
-with ``sdpa=True`` (the official modeling file's attention; the tests keep the plain softmax attention), on any device.
+with ``official_ops=True`` (SDPA attention and ``F.silu``, as the official modeling file computes them; the tests keep
+the plain softmax and ``x * sigmoid(x)``), on any device.
 """
 
 from __future__ import annotations
@@ -27,12 +28,12 @@ def _sdpa(q, k, v):
     return F.scaled_dot_product_attention(q, k, v)
 
 
-def llada_cached_forward(sd, cfg, ids, past=None, replace=None, sdpa=False):
+def llada_cached_forward(sd, cfg, ids, past=None, replace=None, official_ops=False):
     """ids [B, Q] -> (raw logits [B, Q, V], present: per layer (k, v) before RoPE, [B, H, S, hd]).
 
     ``past`` None: a full forward over positions 0..Q-1. ``replace`` None: keys are ``past`` followed by the new
     ones (prefix mode). ``replace=(s, e)``: the new K/V overwrite ``past`` at ``[s, e)`` in place (dual mode).
-    ``sdpa``: attention through ``F.scaled_dot_product_attention`` instead of the plain softmax.
+    ``official_ops``: attention through ``F.scaled_dot_product_attention`` and the MLP gate through ``F.silu``.
     """
     b, q_len = ids.shape
     nh, nkv = cfg["n_heads"], cfg["n_kv_heads"]
@@ -43,7 +44,8 @@ def llada_cached_forward(sd, cfg, ids, past=None, replace=None, sdpa=False):
     dev = ids.device
     q_rope = _rope_tables(torch.arange(q_end - q_len, q_end, device=dev).expand(b, q_len), hd, theta)
     k_rope = _rope_tables(torch.arange(key_len, device=dev).expand(b, key_len), hd, theta)
-    attend = _sdpa if sdpa else lambda q, k, v: _attn(q, k, v, None)
+    attend = _sdpa if official_ops else lambda q, k, v: _attn(q, k, v, None)
+    gate = F.silu if official_ops else lambda g: g * torch.sigmoid(g)
     h = sd["model.transformer.wte.weight"][ids]
     present = []
     for i in range(cfg["n_layers"]):
@@ -66,7 +68,7 @@ def llada_cached_forward(sd, cfg, ids, past=None, replace=None, sdpa=False):
         h = h + o @ sd[p + "attn_out.weight"].T
         m = _rms(h, sd[p + "ff_norm.weight"], cfg["rms_norm_eps"])
         g = m @ sd[p + "ff_proj.weight"].T
-        h = h + (g * torch.sigmoid(g) * (m @ sd[p + "up_proj.weight"].T)) @ sd[p + "ff_out.weight"].T
+        h = h + (gate(g) * (m @ sd[p + "up_proj.weight"].T)) @ sd[p + "ff_out.weight"].T
     h = _rms(h, sd["model.transformer.ln_f.weight"], cfg["rms_norm_eps"])
     return h @ sd["model.transformer.ff_out.weight"].T, present
 
