@@ -186,7 +186,7 @@ def test_denoise_read_gives_the_region_logits_there_and_zeros_elsewhere(which, c
     assert not got[~kept].any()
 
 
-def test_store_batch_rows_write_and_read_only_those_rows():
+def test_store_batch_rows_write_only_those_rows_and_spread_queries_to_them():
     store = KVStore(2, 4, 2, 10, 3, dtype=torch.float32, device="cpu")
     rows = torch.tensor([3, 1])
     k, v = torch.randn(2, 2, 4, 3), torch.randn(2, 2, 4, 3)
@@ -196,8 +196,14 @@ def test_store_batch_rows_write_and_read_only_those_rows():
     k2 = torch.randn(2, 2, 3, 3)
     k2[0, :, 2] = k2[0, :, 1]  # a repeated slot carries the same K/V (the index padding)
     store.write(0, ids, k2, k2)
-    assert torch.equal(store.keys(1)[:, :, 2:6], k) and torch.equal(store.values(1)[:, :, 2:6], v)
+    assert store.keys(1).shape[0] == 4  # reads are the whole batch, never a copy of the rows
+    assert torch.equal(store.own_rows(store.keys(1))[:, :, 2:6], k)
+    assert torch.equal(store.own_rows(store.values(1))[:, :, 2:6], v)
+    q = torch.randn(2, 5)
+    assert torch.equal(store.spread(q)[rows], q) and not store.spread(q)[[0, 2]].any()
+    assert store.spread(torch.zeros(2, 5, dtype=torch.bool), True)[[0, 2]].all()
     store.batch_rows = None
+    assert store.spread(q) is q and store.own_rows(q) is q
     assert not store.k[:, [0, 2]].any() and not store.v[:, [0, 2]].any()
     assert torch.equal(store.k[1, 3, :, 2:6], k[0]) and torch.equal(store.k[1, 1, :, 2:6], k[1])
     for j, r in enumerate(rows.tolist()):

@@ -5,7 +5,10 @@ in a step; the model writes the fresh K/V of exactly those slots here and attend
 grows per step: ``nbytes`` is fixed at construction and reported in the decoding statistics.
 
 ``batch_rows`` (set by the loop for one forward, like ``frozen``) lets a forward run only some of the batch's rows:
-its ``n`` rows are the store's rows ``batch_rows`` [n]; writes land there and reads gather them.
+its ``n`` rows are the store's rows ``batch_rows`` [n]. Writes land in those rows; reads return the whole batch, not
+a copy of the rows, so the attention runs over the store's batch: ``spread`` puts the forward's queries (and key
+masks) at their rows, ``own_rows`` takes the forward's rows of the result. The other rows' queries are zeros, a
+little attention spent to save copying every layer's keys.
 """
 
 from __future__ import annotations
@@ -49,46 +52,55 @@ class KVStore:
         return out
 
     def write(self, layer: int, slots: slice | torch.Tensor | None, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Store k, v [B, Hk, Q, hd] at ``slots`` (a slice, or [B, Q] slot ids)."""
+        """Store k, v [B, Hk, Q, hd] (the forward's rows) at ``slots`` (a slice, or [B, Q] slot ids)."""
         if slots is None:
             slots = slice(0, k.shape[2])
         if self.frozen:
             self._fresh[layer] = (k, v, slots)
             return
-        rows = self.batch_rows
-        if rows is not None:  # [n, Hk, Q, hd] into rows ``rows`` of the [B, Hk, T, hd] layer buffers
-            if isinstance(slots, slice):
-                at = (rows, slice(None), slots)
-            else:  # row, head and slot ids broadcast to [n, Hk, Q]
-                at = (rows[:, None, None], torch.arange(k.shape[1], device=k.device)[None, :, None], slots[:, None])
-            self.k[layer][at] = k
-            self.v[layer][at] = v
-        elif isinstance(slots, slice):
-            self.k[layer, :, :, slots] = k
-            self.v[layer, :, :, slots] = v
-        else:
-            idx = slots[:, None, :, None].expand_as(k)
-            self.k[layer].scatter_(2, idx, k)
-            self.v[layer].scatter_(2, idx, v)
+        _put(self.k[layer], self.batch_rows, slots, k)
+        _put(self.v[layer], self.batch_rows, slots, v)
 
-    def keys(self, layer: int) -> torch.Tensor:
+    def keys(self, layer: int) -> torch.Tensor:  # [B of the store, Hk, T, hd]
         return self._read(self.k, layer, 0)
 
     def values(self, layer: int) -> torch.Tensor:
         return self._read(self.v, layer, 1)
 
     def _read(self, buf: torch.Tensor, layer: int, which: int) -> torch.Tensor:
-        rows = self.batch_rows
-        held = buf[layer] if rows is None else buf[layer].index_select(0, rows)  # [B or n, Hk, T, hd]
         if not self.frozen or layer not in self._fresh:
-            return held
+            return buf[layer]
         fresh = self._fresh[layer]
-        out, slots = (held.clone() if rows is None else held), fresh[2]
-        if isinstance(slots, slice):
-            out[:, :, slots] = fresh[which]
-        else:
-            out.scatter_(2, slots[:, None, :, None].expand_as(fresh[which]), fresh[which])
+        out = buf[layer].clone()
+        _put(out, self.batch_rows, fresh[2], fresh[which])
         return out
+
+    def spread(self, x: torch.Tensor | None, fill: bool | float = 0) -> torch.Tensor | None:
+        """The forward's [n, ...] tensor at its rows of the store's batch, ``fill`` elsewhere (as is without
+        ``batch_rows``)."""
+        if x is None or self.batch_rows is None:
+            return x
+        out = x.new_full((self.k.shape[1], *x.shape[1:]), fill)
+        return out.index_copy_(0, self.batch_rows, x)
+
+    def own_rows(self, x: torch.Tensor) -> torch.Tensor:
+        """The forward's rows of a [B of the store, ...] tensor (as is without ``batch_rows``)."""
+        return x if self.batch_rows is None else x.index_select(0, self.batch_rows)
 
     def end_step(self) -> None:
         self._fresh.clear()
+
+
+def _put(buf: torch.Tensor, rows: torch.Tensor | None, slots: slice | torch.Tensor, x: torch.Tensor) -> None:
+    """Write x [N, Hk, Q, hd] into buf [B, Hk, T, hd] at ``slots`` (a slice or [N, Q] ids) of rows ``rows`` [N]
+    (None: rows 0..N-1 = all of them)."""
+    if rows is None:
+        if isinstance(slots, slice):
+            buf[:, :, slots] = x
+        else:
+            buf.scatter_(2, slots[:, None, :, None].expand_as(x), x)
+    elif isinstance(slots, slice):
+        buf[rows, :, slots] = x
+    else:  # row, head and slot ids broadcast to [N, Hk, Q]
+        heads = torch.arange(x.shape[1], device=x.device)[None, :, None]
+        buf[rows[:, None, None], heads, slots[:, None]] = x

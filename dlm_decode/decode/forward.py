@@ -5,7 +5,9 @@ sampler's drafts. For a sampler that reads only its candidates' logits (``Sample
 ``subset`` narrows the forward without changing what the sampler sees (the same ``[B, R, V]`` logits at every slot
 it reads, zeros elsewhere):
 
-* rows: a row with no candidate in this step sits out the forward (batch compaction). Its K/V in the store are not
+* rows: a row with no candidate in this step sits out the forward (batch compaction): no projection, MLP or LM
+  head for it; with a cache the attention still runs over the store's whole batch (``KVStore.batch_rows``: zero
+  queries for the idle rows, rather than copying the busy rows' keys in every layer). Its K/V in the store are not
   rewritten, and nothing reads them before a forward that rewrites them: a row's K/V are read only by its own
   queries, a row without masks in its block keeps none until the block ends, and every cache policy recomputes a
   row's keys at a block start (or, ``dkv_prefill``, the whole generation region) before that row queries again.

@@ -105,12 +105,16 @@ def self_attention(
     n_q = x.shape[1]
     q = proj[0](x).view(b, n_q, n_heads, hd).transpose(1, 2)  # [B, H, N, hd]
     q = apply_rope(q, cos, sin, rope_fp32)
-    if store is not None:
+    if store is not None:  # attend over the store's batch (rows a forward leaves out: zero queries, see KVStore)
         store.write(layer, slots, k, v)
-        k, v = store.keys(layer), store.values(layer)  # [B, Hk, S, hd]
+        k, v = store.keys(layer), store.values(layer)  # [B of the store, Hk, S, hd]
+        q, key_mask = store.spread(q), store.spread(key_mask, True)
+        key_index = store.spread(key_index) if isinstance(key_index, torch.Tensor) else key_index
     if isinstance(key_index, slice):  # one contiguous run of slots for every row: a view, no gather, no mask
         k, v, key_index = k[:, :, key_index], v[:, :, key_index], None
     out = masked_attention(q, k, v, key_mask=key_mask, key_index=key_index)  # [B, H, N, hd]
+    if store is not None:
+        out = store.own_rows(out)
     return proj[3](out.transpose(1, 2).reshape(b, n_q, n_heads * hd))
 
 
