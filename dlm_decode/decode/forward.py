@@ -72,13 +72,13 @@ def region_logits(
     plan: StepPlan,
     region: tuple[int, int],
     store: KVStore | None,
-    subset: Subset | None = None,
+    narrow: Subset | None = None,
 ) -> torch.Tensor:
-    """[B, R, V] aligned logits of the region (zeros where ``subset`` leaves them out), with classifier-free
-    guidance applied when asked for."""
+    """[B, R, V] aligned logits of the region (zeros where ``narrow``, from ``subset``, leaves them out), with
+    classifier-free guidance applied when asked for."""
     canvas, pos, valid = state.canvas, state.positions, state.valid
-    rows = None if subset is None else subset.rows
-    slots = None if subset is None else subset.slots
+    rows = None if narrow is None else narrow.rows
+    slots = None if narrow is None else narrow.slots
     if rows is None:
         return run_model(model, state, plan, region, store, canvas, pos, valid, slots)
 
