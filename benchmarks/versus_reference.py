@@ -111,8 +111,8 @@ def fixed_steps(gen: int, steps: int) -> int:
 def load(args: argparse.Namespace) -> tuple[Any, str]:
     """The model (fp32, eval) and a description of it."""
     if args.model is None:
-        cfg = llada_config(**DEMO_SIZE, vocab_size=DEMO_VOCAB, embedding_size=DEMO_VOCAB, max_sequence_length=4096)
-        cfg["mask_token_id"] = DEMO_VOCAB - 1
+        sizes = {"vocab_size": DEMO_VOCAB, "embedding_size": DEMO_VOCAB, "mask_token_id": DEMO_VOCAB - 1}
+        cfg = llada_config(**DEMO_SIZE, **sizes, max_sequence_length=4096)
         with tempfile.TemporaryDirectory() as tmp:
             path = write_checkpoint(Path(tmp) / "llada", cfg, llada_state_dict(cfg))
             model = dlm_decode.load_model(path, device=args.device, tokenizer=False)[0]
