@@ -3,6 +3,10 @@
     python benchmarks/bench_speed.py --model demo-llada                    # every pair, 16 prompts, gen 64, batch 8
     python benchmarks/bench_speed.py --model demo-llada --quick            # a few pairs, 4 prompts, 1 repeat
     python benchmarks/bench_speed.py --model DIR --samplers threshold,factor --caches none,dual --batch-size 1
+    python benchmarks/bench_speed.py --versus-reference --vr-configs 256x1,256x8,1024x1 --repeats 5 --threads 1
+
+``--versus-reference`` is a different benchmark: ``dlm_decode.generate`` against the re-stated Fast-dLLM / LLaDA
+loops for the same algorithms, with token identity checked (``versus_reference.py`` beside this file says how).
 
 Prompts are waiting-line and puzzle chats regenerated with ``--seed`` (official test samples excluded; task configs
 and names come from the ParallelBench data directory). The baseline is ``low_confidence`` with ``steps = gen_length``
@@ -39,6 +43,9 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # versus_reference beside this file
+
+import versus_reference  # noqa: E402
 
 import dlm_decode  # noqa: E402
 from dlm_decode.cache import CACHES  # noqa: E402
@@ -54,11 +61,23 @@ QUICK_SAMPLERS, QUICK_CACHES = "low_confidence,threshold,factor", "none,prefix,d
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default="demo-llada", help="demo name or checkpoint directory (with a tokenizer)")
+    p.add_argument(
+        "--model",
+        default=None,
+        help="demo name or checkpoint directory (with a tokenizer); default demo-llada, or with --versus-reference a "
+        "random demo-size LLaDA",
+    )
     p.add_argument("--data", default=None, help="ParallelBench data directory (task configs and names)")
     p.add_argument("--tasks", default=DEFAULT_TASKS, help="tasks the prompts are drawn from (round robin)")
     p.add_argument("--prompts", type=int, default=16, help="prompt-set size")
     p.add_argument("--seed", type=int, default=4_000_037, help="prompt generation seed")
+    p.add_argument(
+        "--versus-reference",
+        action="store_true",
+        help="time dlm_decode against the re-stated reference loops instead (see versus_reference.py)",
+    )
+    p.add_argument("--vr-configs", default="256x1,256x8,1024x1", help="with --versus-reference: GENxBATCH,...")
+    p.add_argument("--vr-steps", type=int, default=256, help="with --versus-reference: the fixed schedule's steps")
     p.add_argument("--gen-length", type=int, default=64)
     p.add_argument("--block-length", type=int, default=None, help="default: each sampler's own (32 or gen)")
     p.add_argument("--batch-size", type=int, default=8)
@@ -83,8 +102,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.batch_size = min(args.batch_size, 4)
         args.samplers = args.samplers or QUICK_SAMPLERS
         args.caches = args.caches or QUICK_CACHES
-    if args.repeats < 1 or args.warmup < 0 or args.prompts < 1 or args.batch_size < 1:
-        p.error("--repeats, --prompts and --batch-size must be >= 1 and --warmup >= 0")
+    if args.repeats < 1 or args.warmup < 0 or args.prompts < 1 or args.batch_size < 1 or args.vr_steps < 1:
+        p.error("--repeats, --prompts, --batch-size and --vr-steps must be >= 1 and --warmup >= 0")
+    if args.versus_reference and args.dtype != "float32":
+        p.error("--versus-reference compares token identity in float32 only")
+    if not args.versus_reference:
+        args.model = args.model or "demo-llada"
     return args
 
 
@@ -219,6 +242,9 @@ def bench_pair(model, tok, chats, samples, kw, args) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.versus_reference:
+        print(json.dumps(versus_reference.main(args)))
+        return 0
     if args.threads:
         torch.set_num_threads(args.threads)
     samplers = _names(args.samplers, SAMPLERS, "sampler")

@@ -169,17 +169,24 @@ def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     return w * (xf / torch.sqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
 
 
-def _rope(x: torch.Tensor, pos: torch.Tensor, theta: float, fp32: bool) -> torch.Tensor:
-    hd = x.shape[-1]
-    inv = 1.0 / (theta ** (torch.arange(0, hd, 2).float() / hd))
+def _rope_tables(pos: torch.Tensor, hd: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 cos, sin [B, 1, T, hd] for integer positions [B, T]."""
+    inv = 1.0 / (theta ** (torch.arange(0, hd, 2, device=pos.device).float() / hd))
     ang = pos.float()[:, None, :, None] * inv  # [B, 1, T, hd/2]
-    cos, sin = torch.cat([ang.cos(), ang.cos()], -1), torch.cat([ang.sin(), ang.sin()], -1)
+    return torch.cat([ang.cos(), ang.cos()], -1), torch.cat([ang.sin(), ang.sin()], -1)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, fp32: bool) -> torch.Tensor:
     if not fp32:
         cos, sin = cos.to(x.dtype), sin.to(x.dtype)
     y = x.float() if fp32 else x
-    half = hd // 2
+    half = x.shape[-1] // 2
     rot = torch.cat([-y[..., half:], y[..., :half]], -1)
     return (y * cos + rot * sin).to(x.dtype)
+
+
+def _rope(x: torch.Tensor, pos: torch.Tensor, theta: float, fp32: bool) -> torch.Tensor:
+    return _rotate(x, *_rope_tables(pos, x.shape[-1], theta), fp32)
 
 
 def _attn(q, k, v, keymask):

@@ -39,10 +39,15 @@ class ScriptedModel(DiffusionLMMixin, nn.Module):
     def get_input_embeddings(self) -> nn.Embedding:
         return self.emb
 
-    def denoise(self, canvas, positions, *, compute=slice(None), region, store=None, key_mask=None, key_index=None):
-        logits = self.fn(canvas, self.calls)
+    def denoise(
+        self, canvas, positions, *, compute=slice(None), region, store=None, key_mask=None, key_index=None, read=None
+    ):
+        logits = self.fn(canvas, self.calls)[:, region[0] : region[1]].float()
         self.calls += 1
-        return logits[:, region[0] : region[1]].float()
+        if read is not None:  # the model's contract: logits at the read offsets only, zeros elsewhere
+            kept = torch.zeros(logits.shape[:2], dtype=torch.bool, device=logits.device).scatter_(1, read, True)
+            logits = logits.masked_fill(~kept[..., None], 0.0)
+        return logits
 
 
 def peaked(token: int, conf: float, vocab: int = 16) -> torch.Tensor:

@@ -7,6 +7,10 @@ RoPE, each call concatenates (prefix mode) or overwrites the block's entries (du
 RoPE is applied to the whole key sequence every call; queries take the last positions of the keys (prefix) or the
 positions ``[block_end - Q, block_end)`` (dual). The decoding functions keep the references' structure (per-row
 Python loops, ``torch.topk`` per row, the first step of a block on the full forward's logits).
+
+``benchmarks/bench_speed.py --versus-reference`` times these loops against ``dlm_decode.generate``; it runs the forward
+with ``official_ops=True`` (SDPA attention and ``F.silu``, as the official modeling file computes them; the tests keep
+the plain softmax and ``x * sigmoid(x)``), on any device.
 """
 
 from __future__ import annotations
@@ -14,19 +18,34 @@ from __future__ import annotations
 import numpy as np
 import torch
 import torch.nn.functional as F
-from checkpoints import _attn, _rms, _rope
+from checkpoints import _attn, _rms, _rope_tables, _rotate
 
 
-def llada_cached_forward(sd, cfg, ids, past=None, replace=None):
+def _sdpa(q, k, v):
+    rep = q.shape[1] // k.shape[1]
+    if rep > 1:
+        k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+    return F.scaled_dot_product_attention(q, k, v)
+
+
+def llada_cached_forward(sd, cfg, ids, past=None, replace=None, official_ops=False):
     """ids [B, Q] -> (raw logits [B, Q, V], present: per layer (k, v) before RoPE, [B, H, S, hd]).
 
     ``past`` None: a full forward over positions 0..Q-1. ``replace`` None: keys are ``past`` followed by the new
     ones (prefix mode). ``replace=(s, e)``: the new K/V overwrite ``past`` at ``[s, e)`` in place (dual mode).
+    ``official_ops``: attention through ``F.scaled_dot_product_attention`` and the MLP gate through ``F.silu``.
     """
     b, q_len = ids.shape
     nh, nkv = cfg["n_heads"], cfg["n_kv_heads"]
     hd = cfg["d_model"] // nh
     theta = cfg["rope_theta"]
+    key_len = q_len if past is None else past[0][0].shape[2] + (q_len if replace is None else 0)
+    q_end = key_len if replace is None else replace[1]
+    dev = ids.device
+    q_rope = _rope_tables(torch.arange(q_end - q_len, q_end, device=dev).expand(b, q_len), hd, theta)
+    k_rope = _rope_tables(torch.arange(key_len, device=dev).expand(b, key_len), hd, theta)
+    attend = _sdpa if official_ops else lambda q, k, v: _attn(q, k, v, None)
+    gate = F.silu if official_ops else lambda g: g * torch.sigmoid(g)
     h = sd["model.transformer.wte.weight"][ids]
     present = []
     for i in range(cfg["n_layers"]):
@@ -44,23 +63,19 @@ def llada_cached_forward(sd, cfg, ids, past=None, replace=None):
                 pv[:, :, replace[0] : replace[1]] = v
                 k, v = pk, pv
         present.append((k, v))
-        key_len = k.shape[2]
-        q_end = key_len if replace is None else replace[1]
-        q_pos = torch.arange(q_end - q_len, q_end).expand(b, q_len)
-        k_pos = torch.arange(key_len).expand(b, key_len)
-        qr, kr = _rope(q, q_pos, theta, True), _rope(k, k_pos, theta, True)
-        o = _attn(qr, kr, v, None).transpose(1, 2).reshape(b, q_len, -1)
+        qr, kr = _rotate(q, *q_rope, True), _rotate(k, *k_rope, True)
+        o = attend(qr, kr, v).transpose(1, 2).reshape(b, q_len, -1)
         h = h + o @ sd[p + "attn_out.weight"].T
         m = _rms(h, sd[p + "ff_norm.weight"], cfg["rms_norm_eps"])
         g = m @ sd[p + "ff_proj.weight"].T
-        h = h + (g * torch.sigmoid(g) * (m @ sd[p + "up_proj.weight"].T)) @ sd[p + "ff_out.weight"].T
+        h = h + (gate(g) * (m @ sd[p + "up_proj.weight"].T)) @ sd[p + "ff_out.weight"].T
     h = _rms(h, sd["model.transformer.ln_f.weight"], cfg["rms_norm_eps"])
     return h @ sd["model.transformer.ff_out.weight"].T, present
 
 
 def _num_transfer(block_mask, steps):
     n = block_mask.sum(dim=1, keepdim=True)
-    out = torch.zeros(n.size(0), steps, dtype=torch.int64) + n // steps
+    out = torch.zeros(n.size(0), steps, dtype=torch.int64, device=n.device) + n // steps
     for i in range(n.size(0)):
         out[i, : (n % steps)[i]] += 1
     return out
@@ -104,7 +119,7 @@ def _transfer(logits, mask_index, x, k=None, threshold=None, factor=None):
 
 
 def _cached_generate(fwd, prompt, steps, gen_length, block_length, mask_id, threshold, factor, dual):
-    x = torch.full((prompt.shape[0], prompt.shape[1] + gen_length), mask_id, dtype=torch.long)
+    x = torch.full((prompt.shape[0], prompt.shape[1] + gen_length), mask_id, dtype=torch.long, device=prompt.device)
     x[:, : prompt.shape[1]] = prompt.clone()
     num_blocks = gen_length // block_length
     steps_per_block = (steps if steps is not None else gen_length) // num_blocks

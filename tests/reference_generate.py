@@ -17,7 +17,7 @@ import torch.nn.functional as F
 def _num_transfer(block_mask: torch.Tensor, steps: int) -> torch.Tensor:
     n = block_mask.sum(dim=1, keepdim=True)
     base, rem = n // steps, n % steps
-    out = torch.zeros(n.size(0), steps, dtype=torch.int64) + base
+    out = torch.zeros(n.size(0), steps, dtype=torch.int64, device=n.device) + base
     for i in range(n.size(0)):
         out[i, : rem[i]] += 1
     return out
@@ -26,7 +26,7 @@ def _num_transfer(block_mask: torch.Tensor, steps: int) -> torch.Tensor:
 @torch.no_grad()
 def llada_generate(model, prompt, steps, gen_length, block_length, mask_id, remasking="low_confidence"):
     """LLaDA ``generate()`` at temperature 0, cfg 0 (confidence softmax in float64, as Fast-dLLM)."""
-    x = torch.full((prompt.shape[0], prompt.shape[1] + gen_length), mask_id, dtype=torch.long)
+    x = torch.full((prompt.shape[0], prompt.shape[1] + gen_length), mask_id, dtype=torch.long, device=prompt.device)
     x[:, : prompt.shape[1]] = prompt.clone()
     assert gen_length % block_length == 0
     num_blocks = gen_length // block_length
@@ -56,7 +56,7 @@ def llada_generate(model, prompt, steps, gen_length, block_length, mask_id, rema
 @torch.no_grad()
 def fastdllm_generate(model, prompt, gen_length, block_length, mask_id, threshold=None, factor=None, steps=None):
     """Fast-dLLM's no-cache ``generate`` at temperature 0 with ``threshold`` or ``factor``; returns (x, nfe)."""
-    x = torch.full((prompt.shape[0], prompt.shape[1] + gen_length), mask_id, dtype=torch.long)
+    x = torch.full((prompt.shape[0], prompt.shape[1] + gen_length), mask_id, dtype=torch.long, device=prompt.device)
     x[:, : prompt.shape[1]] = prompt.clone()
     p = prompt.shape[1]
     num_blocks = gen_length // block_length

@@ -54,11 +54,12 @@ class _Calls(list):
 
 @pytest.fixture
 def checked_forward(monkeypatch):
-    """Wrap the loop's forward: every plan must compute the hidden state behind each committable masked slot."""
+    """Wrap the loop's forward: every plan must compute the hidden state behind each committable masked slot, and
+    a ``subset`` (samplers that read their candidates only) must hold every one of those slots and their rows."""
     calls = _Calls()
     original = loop._forward
 
-    def forward(model, state, plan, region, store):
+    def forward(model, state, plan, region, store, subset=None):
         r0, r1 = region
         need = state.block_masked()[:, r0:r1]  # [B, R]
         if plan.candidates is not None:
@@ -66,12 +67,18 @@ def checked_forward(monkeypatch):
         src = (torch.arange(r0, r1) - state.logit_shift).clamp(min=0)  # [R]
         computed = _computed(plan, state)
         assert (computed[:, src] | ~need).all(), f"step {state.step}: a masked slot's hidden state is not computed"
+        if subset is not None and subset.slots is not None:
+            wanted = torch.zeros_like(need).scatter_(1, subset.slots, True)
+            assert (wanted | ~need).all(), f"step {state.step}: a committable slot's logits are not computed"
+        if subset is not None and subset.rows is not None:
+            busy = torch.zeros_like(need[:, 0]).scatter_(0, subset.rows, True)
+            assert (busy | ~need.any(1)).all(), f"step {state.step}: a row with candidates sat out the forward"
         calls.append(plan)
         if store is not None:  # the one store of the call: same buffers every step, nothing reallocated
             ptrs = (store.k.data_ptr(), store.v.data_ptr(), store.k.shape)
             assert calls.store_ptrs in (None, ptrs), f"step {state.step}: the K/V store was reallocated"
             calls.store_ptrs = ptrs
-        return original(model, state, plan, region, store)
+        return original(model, state, plan, region, store, subset)
 
     def forward_drafts(model, state, plan, region, store, drafts):  # draft-and-verify steps: the same plan checks
         return checked(original_drafts, model, state, plan, region, store, drafts)
@@ -123,9 +130,9 @@ def test_store_after_refresh_equals_fresh_forward(tiny_model, cache, monkeypatch
     original = loop._forward
     checked = []
 
-    def forward(model, state, plan, region, store):
+    def forward(model, state, plan, region, store, subset=None):
         canvas = state.canvas.clone()
-        logits = original(model, state, plan, region, store)
+        logits = original(model, state, plan, region, store, subset)
         if plan.refresh:
             fresh = KVStore(*_store_args(model, state), dtype=store.k.dtype, device=store.k.device)
             model.denoise(
@@ -253,10 +260,10 @@ def test_window_reads_one_shared_run_of_keys_as_a_view(llada, monkeypatch):
     """Batch of one in blocks: every pruned step's keys are one run of slots, passed as a slice (no gather, no mask)."""
     original, kinds = loop._forward, []
 
-    def forward(model, state, plan, region, store):
+    def forward(model, state, plan, region, store, subset=None):
         if not plan.refresh:
             kinds.append(type(plan.key_index).__name__ if plan.key_index is not None else "mask")
-        return original(model, state, plan, region, store)
+        return original(model, state, plan, region, store, subset)
 
     monkeypatch.setattr(loop, "_forward", forward)
     _run(llada, "low_confidence", "window", prompts=PROMPTS[:1], gen_length=32, block_length=16, steps=32)
@@ -269,7 +276,7 @@ def test_window_pruned_phase_start_keeps_the_far_field_out(tiny_model, monkeypat
     opts = {"refresh_cycle": 4, "window_tokens": 6, "active_tokens": 3, "prune_refresh": True}
     original, seen = loop._forward, []
 
-    def forward(model, state, plan, region, store):
+    def forward(model, state, plan, region, store, subset=None):
         masked = state.is_masked()  # [B, T], before this step's commits
         computed = _computed(plan, state)
         far = masked & (masked.long().cumsum(1) > opts["window_tokens"])
@@ -279,7 +286,7 @@ def test_window_pruned_phase_start_keeps_the_far_field_out(tiny_model, monkeypat
         if plan.refresh and not last:
             assert plan.candidates is not None and not (plan.candidates & far).any()
         seen.append(plan.refresh)
-        return original(model, state, plan, region, store)
+        return original(model, state, plan, region, store, subset)
 
     monkeypatch.setattr(loop, "_forward", forward)
     kw = dict(gen_length=32, block_length=32, steps=32, cache_options=opts)
@@ -296,10 +303,10 @@ def test_window_pruned_phase_start_stores_the_window_forward(llada, monkeypatch)
     ``x[:, :window_end]`` alone (what the Dream reference runs); batch of one, so the window is a prefix."""
     original, checked = loop._forward, []
 
-    def forward(model, state, plan, region, store):
+    def forward(model, state, plan, region, store, subset=None):
         canvas = state.canvas.clone()
         masked = canvas == state.mask_id
-        logits = original(model, state, plan, region, store)
+        logits = original(model, state, plan, region, store, subset)
         if plan.refresh:
             end = int((~masked | (masked.long().cumsum(1) <= 5)).long().cumprod(1).sum())  # window_tokens 5
             n_layers, n_kv, hd = model.kv_shape()

@@ -55,14 +55,15 @@ def mask_ranks(masked: torch.Tensor) -> torch.Tensor:  # [B, T]: 1 for a row's f
     return masked.long().cumsum(1) * masked
 
 
-def rows_to_index(need: torch.Tensor) -> torch.Tensor:
+def rows_to_index(need: torch.Tensor, width: int | None = None) -> torch.Tensor:
     """[B, T] bool -> [B, Q] sorted slot ids per row, Q = the largest row count, padded with the row's last id.
 
-    A row that needs nothing (finished) computes the last slot Q times; nothing reads its result.
+    A row that needs nothing (finished) computes the last slot Q times; nothing reads its result. ``width``: Q when
+    the caller already knows a bound on every row's count (no host sync); None: counted here.
     """
     b, t = need.shape
     counts = need.sum(1)  # [B]
-    q = max(int(counts.max()), 1)
+    q = max(int(counts.max()) if width is None else width, 1)
     col = torch.where(need, need.long().cumsum(1) - 1, q)  # [B, T] target column; q collects the unneeded
     out = torch.full((b, q + 1), t - 1, dtype=torch.long, device=need.device)
     out.scatter_(1, col, torch.arange(t, device=need.device).expand(b, t))

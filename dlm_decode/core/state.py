@@ -49,11 +49,24 @@ class BlockCursor:
     next_start: torch.Tensor  # [B] where each row's next block starts
     block_index: int = 0
     block_start: int = 0  # slot where the current block starts (shared: the earliest start of an unfinished row)
-    block_end: torch.Tensor | None = None  # [B] exclusive end of the current block per row
     block_starts: torch.Tensor | None = None  # [B] each row's own block start (>= block_start)
     step: int = 0  # forwards so far in this call (NFE)
     block_step: int = 0  # forwards so far in the current block
     block_limit: int = 0  # forwards allowed in the current block (the sampler's bound; the last one finishes it)
+    # host copy of ``block_end.max()``, read at the step's sync (``region`` reads it instead of syncing); None
+    # whenever ``block_end`` is set anew, so it is never stale
+    widest_end: int | None = None
+    _block_end: torch.Tensor | None = field(default=None, repr=False)
+
+    @property
+    def block_end(self) -> torch.Tensor | None:
+        """[B] exclusive end of the current block per row."""
+        return self._block_end
+
+    @block_end.setter
+    def block_end(self, value: torch.Tensor | None) -> None:
+        self._block_end = value
+        self.widest_end = None
 
 
 @dataclass
@@ -218,4 +231,7 @@ class DecodeState:
 
     def region(self) -> tuple[int, int]:
         """Default logits region: the current block (widest row)."""
-        return self.block_start, int(self.block_end.max())
+        cur = self.cursor
+        if cur.widest_end is None:  # block_end changed since the last read (the loop's sync usually fills it)
+            cur.widest_end = int(cur.block_end.max())
+        return self.block_start, cur.widest_end

@@ -1,10 +1,11 @@
 """One block and one step of the decode loop.
 
 ``run_block``: ``begin_block`` (the cursor, the sampler's and the cache's set-up, the step bound), then steps until
-no row has a MASK left in its block (one host sync per step: that test). ``step``: the cache plans which slots to
-recompute, one forward gives aligned logits for the sampler's region, the sampler selects, ``commit_mask`` decides
-what is written, then the cut, all-in and EOS rules and the statistics. The step itself never waits for the device
-unless a progress bar asks.
+no row has a MASK left in its block (one host sync per step: that test, which also brings back the most masks a row
+has left). ``step``: the cache plans which slots to recompute, one forward gives aligned logits for the sampler's
+region (``forward.region_logits``, narrowed to the rows and slots a sampler that reads only its candidates needs,
+sized by the test's counts), the sampler selects, ``commit_mask`` decides what is written, then the cut, all-in and
+EOS rules and the statistics. The step itself never waits for the device unless a progress bar asks.
 
 Draft-and-verify samplers (``Sampler.draft`` returns ``Drafts``): the step's one forward runs the current canvas and
 its D drafts side by side (batch ``B * (1 + D)``, each row's copies against that row's cache under the same plan; a
@@ -15,16 +16,18 @@ Everything after the selection is the ordinary step; ``nfe`` counts the forward 
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import torch
 
-from dlm_decode.cache import CachePolicy, KVStore, StepPlan
+from dlm_decode.cache import CachePolicy, KVStore
 from dlm_decode.core.state import DecodeState
 from dlm_decode.decode.commit import all_in, commit_mask, cut, fail_nonfinite, record, stop_at_eos, stop_rows
+from dlm_decode.decode.forward import StepMasks, subset
+from dlm_decode.decode.forward import draft_logits as _forward_drafts
+from dlm_decode.decode.forward import region_logits as _forward
 from dlm_decode.samplers import Sampler
-from dlm_decode.samplers.base import Drafts, candidates
+from dlm_decode.samplers.base import candidates
 
 
 def open_rows(state: DecodeState) -> torch.Tensor | None:
@@ -38,8 +41,8 @@ def run_block(
 ) -> None:
     """Decode the next block of every row in ``todo`` [B] (from ``open_rows``), then move the cursor past it."""
     begin_block(state, smp, pol, todo)
-    while _block_open(state, smp):
-        step(model, state, smp, pol, store, bar)
+    while (masks := _masks_left(state, smp)).most:
+        step(model, state, smp, pol, store, bar, masks)
     state.cursor.next_start = torch.maximum(state.cursor.block_end, state.cursor.next_start)
     state.cursor.block_index += 1
 
@@ -57,16 +60,29 @@ def begin_block(state: DecodeState, smp: Sampler, pol: CachePolicy, todo: torch.
     cur.block_limit = smp.max_block_steps(state)
 
 
-def _block_open(state: DecodeState, smp: Sampler) -> bool:
-    """Whether a row still has a MASK in its block (the step's one host sync, shared with the MASK-commit check)."""
-    left, bad = torch.stack([state.block_masked().any(), state.stats.mask_committed]).tolist()
+def _masks_left(state: DecodeState, smp: Sampler) -> StepMasks:
+    """How many masks are left in the rows' blocks (``most`` 0: the block is done): the step's one host sync, shared
+    with the MASK-commit check and the read of the widest block end (``DecodeState.region``)."""
+    left = state.block_masked().sum(1)  # [B]
+    facts = [left.max(), (left > 0).sum(), state.stats.mask_committed.long(), state.block_end.max()]
+    most, rows, bad, widest = torch.stack(facts).tolist()
     if bad:
         raise RuntimeError(f"sampler {smp.name!r} proposed the MASK id for a committed slot")
-    return bool(left)
+    state.cursor.widest_end = int(widest)  # the step's region end, without a sync of its own
+    return StepMasks(int(most), int(rows))
 
 
-def step(model: Any, state: DecodeState, smp: Sampler, pol: CachePolicy, store: KVStore | None, bar=None) -> None:
-    """One forward and one selection: commit what the sampler chose (within the contract), then the stop rules."""
+def step(
+    model: Any,
+    state: DecodeState,
+    smp: Sampler,
+    pol: CachePolicy,
+    store: KVStore | None,
+    bar=None,
+    masks: StepMasks | None = None,
+) -> None:
+    """One forward and one selection: commit what the sampler chose (within the contract), then the stop rules.
+    ``masks``: the counts of ``_masks_left`` (None: unknown, so the forward computes every row's whole region)."""
     cur = state.cursor
     active = state.block_masked().any(1)  # [B] rows taking part in this step
     r0, r1 = smp.region(state)
@@ -80,7 +96,8 @@ def step(model: Any, state: DecodeState, smp: Sampler, pol: CachePolicy, store: 
     state.stats.refreshes += int(plan.refresh)
     computed = None if plan.candidates is None else plan.candidates[:, r0:r1]  # [B, R]
     if drafts is None:
-        logits = _forward(model, state, plan, (r0, r1), store)  # [B, R, V]
+        narrow = subset(state, smp, (r0, r1), computed, masks)
+        logits = _forward(model, state, plan, (r0, r1), store, narrow)  # [B, R, V]
         if computed is not None:  # slots the policy did not compute: flat logits, never committed
             logits = logits.masked_fill(~computed[..., None], 0.0)
         fail_nonfinite(state, logits, candidates(state, r0, r1))
@@ -112,78 +129,3 @@ def step(model: Any, state: DecodeState, smp: Sampler, pol: CachePolicy, store: 
     pol.after_step(state, committed)
     if bar is not None:
         bar.update(int(committed.sum()))
-
-
-def _forward(
-    model: Any, state: DecodeState, plan: StepPlan, region: tuple[int, int], store: KVStore | None
-) -> torch.Tensor:
-    """[B, R, V] aligned logits of the region, with classifier-free guidance applied when asked for."""
-    return _run_model(model, state, plan, region, store, state.canvas, state.positions, state.valid)
-
-
-def _forward_drafts(
-    model: Any, state: DecodeState, plan: StepPlan, region: tuple[int, int], store: KVStore | None, drafts: Drafts
-) -> torch.Tensor:
-    """[B, 1 + D, R, V] aligned logits of the region for the current canvas (index 0) and each draft, in one forward
-    of batch ``B * (1 + D)``: row b's canvases sit at ``b * (1 + D) + j`` and share row b's plan and cached K/V."""
-    b, d, _ = drafts.commit.shape
-    n = 1 + d
-    r0, r1 = region
-    canvas = state.canvas[:, None].repeat(1, n, 1)  # [B, 1 + D, T]
-    canvas[:, 1:, r0:r1] = torch.where(drafts.commit, drafts.tokens[:, None], canvas[:, 1:, r0:r1])
-
-    def rows(x: Any) -> Any:  # [B, ...] -> [B * (1 + D), ...]; slices and None pass through
-        return x.repeat_interleave(n, 0) if isinstance(x, torch.Tensor) else x
-
-    plan = dataclasses.replace(
-        plan, compute=rows(plan.compute), key_mask=rows(plan.key_mask), key_index=rows(plan.key_index)
-    )
-    copies = None
-    if store is not None:  # each canvas reads its row's cache; the copies' writes are dropped with them
-        src = torch.arange(b, device=state.device).repeat_interleave(n)  # [B * (1 + D)]
-        if state.config.cfg_scale > 0:  # the store's second half holds the unconditional rows
-            src = torch.cat([src, src + b])
-        copies = store.take_rows(src)
-    flat = canvas.view(b * n, -1)
-    logits = _run_model(model, state, plan, region, copies, flat, rows(state.positions), rows(state.valid))
-    return logits.view(b, n, *logits.shape[1:])
-
-
-def _run_model(
-    model: Any,
-    state: DecodeState,
-    plan: StepPlan,
-    region: tuple[int, int],
-    store: KVStore | None,
-    canvas: torch.Tensor,  # [N, T]
-    pos: torch.Tensor,  # [N, T]
-    valid: torch.Tensor,  # [N, T]
-) -> torch.Tensor:
-    """[N, R, V] aligned logits of the region for ``canvas`` under ``plan`` (classifier-free guidance applied)."""
-    km, ki, compute = plan.key_mask, plan.key_index, plan.compute
-    cfg_scale = state.config.cfg_scale
-    if cfg_scale > 0:  # unconditional copy: the prompt fully masked (LLaDA)
-        un = canvas.clone()
-        un[:, : state.prompt_len].masked_fill_(valid[:, : state.prompt_len], state.mask_id)
-        canvas, pos = torch.cat([canvas, un]), torch.cat([pos, pos])
-        km = None if km is None else torch.cat([km, km])
-        ki = ki if ki is None or isinstance(ki, slice) else torch.cat([ki, ki])
-        compute = compute if isinstance(compute, slice) else torch.cat([compute, compute])
-    if store is not None:
-        store.frozen = not plan.write
-    try:
-        logits = model.denoise(canvas, pos, compute=compute, region=region, store=store, key_mask=km, key_index=ki)
-    finally:
-        if store is not None:
-            store.end_step()
-            store.frozen = False
-    if isinstance(compute, slice):
-        c0, c1, _ = compute.indices(canvas.shape[1])
-        n_q = c1 - c0
-    else:
-        n_q = compute.shape[1]
-    state.stats.token_forwards += n_q * canvas.shape[0]
-    if cfg_scale > 0:
-        cond, unc = logits.chunk(2)
-        logits = unc + (cfg_scale + 1) * (cond - unc)
-    return logits

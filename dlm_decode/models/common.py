@@ -8,6 +8,11 @@ see ``../shared/docs/MODELS.md``.
 ``DiffusionLMMixin`` is the decoding-facing surface every model offers: ``denoise`` computes hidden states for a
 subset of canvas slots (optionally reading and writing an external K/V store), and returns logits aligned so that
 ``logits[i]`` always predicts slot ``i`` (Dream's one-position shift is applied here, never in samplers).
+
+Rows nobody reads are not computed past what the other rows need: every computed slot's K/V feed the attention of
+every layer, so each layer runs all of them, except the last, whose K/V still are written for all but whose
+attention output, MLP, final norm and LM head run only for the rows ``denoise`` returns logits for (the region's,
+or the ``read`` subset a sampler asks for).
 """
 
 from __future__ import annotations
@@ -23,6 +28,20 @@ if TYPE_CHECKING:
     from dlm_decode.cache.store import KVStore
 
 Index = slice | torch.Tensor  # a contiguous run of canvas slots shared by all rows, or [B, Q] slot ids
+
+
+def take_rows(x: torch.Tensor, rows: Index | None, dim: int = 1) -> torch.Tensor:
+    """``x``'s entries at ``rows`` along its query dimension ``dim``: all (None), a view (a slice), or a gather by
+    [B, N] query-row ids (``x`` [B, ..., Q, ...] -> [B, ..., N, ...])."""
+    if rows is None:
+        return x
+    if isinstance(rows, slice):
+        return x[(slice(None),) * dim + (rows,)]
+    shape = list(x.shape)
+    shape[dim] = rows.shape[1]
+    view = [rows.shape[0]] + [1] * (x.dim() - 1)
+    view[dim] = rows.shape[1]
+    return x.gather(dim, rows.view(view).expand(shape))
 
 
 class RMSNorm(nn.Module):
@@ -72,23 +91,31 @@ def self_attention(
     slots: Index | None,
     key_mask: torch.Tensor | None,  # [B, S] bool, True = visible key ([B, W] with key_index)
     key_index: torch.Tensor | slice | None,  # [B, W] slots of the keys to gather, or one run shared by all rows
-) -> torch.Tensor:  # [B, Q, d]
-    """Bidirectional attention with GQA and RoPE; K/V of the computed slots go through ``store`` when given."""
+    rows: Index | None = None,  # query rows whose output is wanted (``take_rows``); None: all
+) -> torch.Tensor:  # [B, Q, d] ([B, N, d] with rows)
+    """Bidirectional attention with GQA and RoPE; K/V of the computed slots go through ``store`` when given. With
+    ``rows``, K/V come from every row of ``x`` but only those rows are queried."""
     n_heads, n_kv, hd = shape
     cos, sin, rope_fp32 = rope
     b, q_len, _ = x.shape
-    q = proj[0](x).view(b, q_len, n_heads, hd).transpose(1, 2)  # [B, H, Q, hd]
     k = proj[1](x).view(b, q_len, n_kv, hd).transpose(1, 2)  # [B, Hk, Q, hd]
     v = proj[2](x).view(b, q_len, n_kv, hd).transpose(1, 2)
-    q = apply_rope(q, cos, sin, rope_fp32)
     k = apply_rope(k, cos, sin, rope_fp32)
-    if store is not None:
+    x, cos, sin = take_rows(x, rows), take_rows(cos, rows, 2), take_rows(sin, rows, 2)
+    n_q = x.shape[1]
+    q = proj[0](x).view(b, n_q, n_heads, hd).transpose(1, 2)  # [B, H, N, hd]
+    q = apply_rope(q, cos, sin, rope_fp32)
+    if store is not None:  # attend over the store's batch (rows a forward leaves out: zero queries, see KVStore)
         store.write(layer, slots, k, v)
-        k, v = store.keys(layer), store.values(layer)  # [B, Hk, S, hd]
+        k, v = store.keys(layer), store.values(layer)  # [B of the store, Hk, S, hd]
+        q, key_mask = store.spread(q), store.spread(key_mask, True)
+        key_index = store.spread(key_index) if isinstance(key_index, torch.Tensor) else key_index
     if isinstance(key_index, slice):  # one contiguous run of slots for every row: a view, no gather, no mask
         k, v, key_index = k[:, :, key_index], v[:, :, key_index], None
-    out = masked_attention(q, k, v, key_mask=key_mask, key_index=key_index)  # [B, H, Q, hd]
-    return proj[3](out.transpose(1, 2).reshape(b, q_len, n_heads * hd))
+    out = masked_attention(q, k, v, key_mask=key_mask, key_index=key_index)  # [B, H, N, hd]
+    if store is not None:
+        out = store.own_rows(out)
+    return proj[3](out.transpose(1, 2).reshape(b, n_q, n_heads * hd))
 
 
 class DiffusionLMMixin:
@@ -153,7 +180,10 @@ class DiffusionLMMixin:
         slots: Index | None = None,
         key_mask: torch.Tensor | None = None,
         key_index: torch.Tensor | None = None,
-    ) -> torch.Tensor:  # [B, Q, d], after the final norm
+        rows: Index | None = None,
+    ) -> torch.Tensor:  # [B, Q, d] ([B, N, d] with rows), after the final norm
+        """Hidden states of the query slots; ``rows`` (a slice or [B, N] ids into Q): only those are returned, and
+        the last layer runs its attention output and MLP for them alone (its K/V still come from every row)."""
         raise NotImplementedError
 
     def output_logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -170,34 +200,36 @@ class DiffusionLMMixin:
         store: KVStore | None = None,
         key_mask: torch.Tensor | None = None,  # [B, T] (or [B, W] with key_index)
         key_index: torch.Tensor | slice | None = None,  # [B, W] slots to attend to, or a run shared by all rows
+        read: torch.Tensor | None = None,  # [B, N] region offsets whose logits are wanted; None: all of the region
     ) -> torch.Tensor:  # [B, R, V] logits; logits[:, j] predicts slot region[0] + j
         """Compute hidden states at ``compute`` slots and return aligned logits for slots ``[r0, r1)``.
 
         With an index tensor, region slots whose predicting hidden state was not computed get the logits of the
-        nearest computed slot; cache policies always compute the states behind masked region slots.
+        nearest computed slot; cache policies always compute the states behind masked region slots. ``read``
+        (offsets ``0 .. R-1``, repeats allowed): only those slots get logits, the others zeros; the hidden states
+        behind them alone go through the last layer's attention output and MLP, the final norm and the LM head.
         """
         b, t = canvas.shape
         r0, r1 = region
         s = self.logit_shift
+        if read is None:  # the hidden slot predicting each region slot
+            want = (torch.arange(r0, r1, device=canvas.device) - s).clamp(min=0).expand(b, -1)  # [B, R]
+        else:
+            want = (read + (r0 - s)).clamp(min=0)  # [B, N]
         if isinstance(compute, slice):
             c0, c1, _ = compute.indices(t)
-            hid = self.hidden_states(
-                canvas[:, c0:c1],
-                positions[:, c0:c1],
-                store=store,
-                slots=slice(c0, c1),
-                key_mask=key_mask,
-                key_index=key_index,
-            )
-            src = torch.arange(r0, r1, device=canvas.device) - s  # hidden slot predicting each region slot
-            src = src.clamp(min=0) - c0
-            if (src < 0).any() or (src >= c1 - c0).any():
+            if max(r0 - s, 0) < c0 or max(r1 - 1 - s, 0) >= c1:
                 raise ValueError(f"region {region} needs hidden states outside the computed slots [{c0}, {c1})")
-            return self.output_logits(hid[:, src])
-        ids = canvas.gather(1, compute)
-        pos = positions.gather(1, compute)
-        hid = self.hidden_states(ids, pos, store=store, slots=compute, key_mask=key_mask, key_index=key_index)
-        want = (torch.arange(r0, r1, device=canvas.device) - s).clamp(min=0)  # [R]
-        # row-wise lookup of the computed row holding each wanted slot (compute is sorted per row)
-        row = torch.searchsorted(compute.contiguous(), want.expand(b, -1).contiguous()).clamp(max=compute.shape[1] - 1)
-        return self.output_logits(hid.gather(1, row[..., None].expand(-1, -1, hid.shape[-1])))
+            contiguous = read is None and r0 - s >= 0
+            rows = slice(r0 - s - c0, r1 - s - c0) if contiguous else want - c0
+            ids, pos, slots = canvas[:, c0:c1], positions[:, c0:c1], slice(c0, c1)
+        else:
+            # row-wise lookup of the computed row holding each wanted slot (compute is sorted per row)
+            rows = torch.searchsorted(compute.contiguous(), want.contiguous()).clamp(max=compute.shape[1] - 1)
+            ids, pos, slots = canvas.gather(1, compute), positions.gather(1, compute), compute
+        hid = self.hidden_states(ids, pos, store=store, slots=slots, key_mask=key_mask, key_index=key_index, rows=rows)
+        logits = self.output_logits(hid)  # [B, R, V] or [B, N, V]
+        if read is None:
+            return logits
+        out = logits.new_zeros(b, r1 - r0, logits.shape[-1])
+        return out.scatter_(1, read[..., None].expand_as(logits), logits)

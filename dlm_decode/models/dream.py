@@ -24,7 +24,7 @@ from torch import nn
 from transformers import PretrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import MaskedLMOutput
 
-from dlm_decode.models.common import DiffusionLMMixin, RMSNorm, rope_cos_sin, self_attention
+from dlm_decode.models.common import DiffusionLMMixin, RMSNorm, rope_cos_sin, self_attention, take_rows
 
 #: config.json keys the reference ``diffusion_generate`` takes as sampling defaults (``DreamGenerationConfig`` fields)
 REFERENCE_SAMPLING_KEYS = ("temperature", "top_p", "top_k", "alg_temp", "eps")
@@ -129,10 +129,11 @@ class DreamLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = DreamMLP(cfg)
 
-    def forward(self, h, cos, sin, layer, store, slots, key_mask, key_index):  # h [B, Q, d]
+    def forward(self, h, cos, sin, layer, store, slots, key_mask, key_index, rows=None):  # h [B, Q, d]
+        """[B, Q, d], or [B, N, d] for the query ``rows`` only (``common.take_rows``; K/V from every row)."""
         a = self.self_attn
         proj = (a.q_proj, a.k_proj, a.v_proj, a.o_proj)
-        h = h + self_attention(
+        h = take_rows(h, rows) + self_attention(
             self.input_layernorm(h),
             proj,
             a.shape,
@@ -142,6 +143,7 @@ class DreamLayer(nn.Module):
             slots,
             key_mask,
             key_index,
+            rows,
         )
         return h + self.mlp(self.post_attention_layernorm(h))
 
@@ -187,12 +189,13 @@ class DreamModel(DiffusionLMMixin, PreTrainedModel):
         c = self.config
         return c.num_hidden_layers, c.num_key_value_heads, c.hidden_size // c.num_attention_heads
 
-    def hidden_states(self, input_ids, positions, *, store=None, slots=None, key_mask=None, key_index=None):
+    def hidden_states(self, input_ids, positions, *, store=None, slots=None, key_mask=None, key_index=None, rows=None):
         c = self.config
         cos, sin = rope_cos_sin(positions, c.hidden_size // c.num_attention_heads, c.rope_theta)
         h = self.model.embed_tokens(input_ids)
+        last = len(self.model.layers) - 1
         for i, layer in enumerate(self.model.layers):
-            h = layer(h, cos, sin, i, store, slots, key_mask, key_index)
+            h = layer(h, cos, sin, i, store, slots, key_mask, key_index, rows if i == last else None)
         return self.model.norm(h)
 
     def output_logits(self, hidden: torch.Tensor) -> torch.Tensor:

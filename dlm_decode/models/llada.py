@@ -14,7 +14,7 @@ from torch import nn
 from transformers import PretrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import MaskedLMOutput
 
-from dlm_decode.models.common import DiffusionLMMixin, RMSNorm, rope_cos_sin, self_attention
+from dlm_decode.models.common import DiffusionLMMixin, RMSNorm, rope_cos_sin, self_attention, take_rows
 
 
 class LLaDAConfig(PretrainedConfig):
@@ -111,7 +111,8 @@ class LLaDABlock(nn.Module):
         self.shape = (cfg.n_heads, cfg.n_kv_heads, hd)
         self.rope_fp32 = cfg.rope_full_precision
 
-    def forward(self, h, cos, sin, layer, store, slots, key_mask, key_index):  # h [B, Q, d]
+    def forward(self, h, cos, sin, layer, store, slots, key_mask, key_index, rows=None):  # h [B, Q, d]
+        """[B, Q, d], or [B, N, d] for the query ``rows`` only (``common.take_rows``; K/V from every row)."""
         proj = (self.q_proj, self.k_proj, self.v_proj, self.attn_out)
         a = self_attention(
             self.attn_norm(h),
@@ -123,8 +124,9 @@ class LLaDABlock(nn.Module):
             slots,
             key_mask,
             key_index,
+            rows,
         )
-        h = h + a
+        h = take_rows(h, rows) + a
         m = self.ff_norm(h)
         return h + self.ff_out(nn.functional.silu(self.ff_proj(m)) * self.up_proj(m))
 
@@ -168,12 +170,13 @@ class LLaDAModelLM(DiffusionLMMixin, PreTrainedModel):
         c = self.config
         return c.n_layers, c.n_kv_heads, c.d_model // c.n_heads
 
-    def hidden_states(self, input_ids, positions, *, store=None, slots=None, key_mask=None, key_index=None):
+    def hidden_states(self, input_ids, positions, *, store=None, slots=None, key_mask=None, key_index=None, rows=None):
         t = self.model.transformer
         cos, sin = rope_cos_sin(positions, self.config.d_model // self.config.n_heads, self.config.rope_theta)
         h = t.wte(input_ids)
+        last = len(t.blocks) - 1
         for i, block in enumerate(t.blocks):
-            h = block(h, cos, sin, i, store, slots, key_mask, key_index)
+            h = block(h, cos, sin, i, store, slots, key_mask, key_index, rows if i == last else None)
         return t.ln_f(h)
 
     def output_logits(self, hidden: torch.Tensor) -> torch.Tensor:

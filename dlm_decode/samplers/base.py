@@ -26,6 +26,11 @@ ordinary ``Selection`` (committed against the current canvas, under the same con
 steps of the rule it follows the commit stands for; the loop counts them (``accepted_steps``). Drafts never touch the
 canvas, the cursor or the cache's K/V store: only the returned commit does. ``check_cache(cache)`` lets a sampler
 refuse a cache it cannot run with, before any work.
+
+What ``select`` reads. A sampler whose ``select`` looks at the logits of its candidates only (the masked slots of the
+current block, ``candidates(state, r0, r1)``) says so with ``reads_candidates_only``; the loop then has the model
+compute logits at those slots alone and hands zeros elsewhere, in the same ``[B, R, V]`` shape (so random draws over
+the region are unchanged). Everything a sampler decides from the candidates' logits stays the same.
 """
 
 from __future__ import annotations
@@ -75,6 +80,8 @@ class Sampler:
     follows_model_defaults: ClassVar[bool] = False
     option_defaults: ClassVar[dict[str, Any]] = {}  # the reference's own value of each unset (None) field
     greedy_only: ClassVar[bool] = False  # True: refuses temperature > 0 (its promise holds only at temperature 0)
+    # True: ``select`` reads the logits of ``candidates(state, r0, r1)`` only (see the module docstring)
+    reads_candidates_only: ClassVar[bool] = False
 
     def check(self, config: DecodeConfig, num_blocks: int) -> None:
         """Validate the sampler against the decoding config (before any work)."""
@@ -142,9 +149,12 @@ def candidates(state: DecodeState, r0: int, r1: int, block_end: torch.Tensor | N
     return state.block_masked(block_end)[:, r0:r1]
 
 
-def top_k_per_row(score: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-    """[B, R] scores, [B] counts -> [B, R] bool of each row's k highest scores (torch.topk order on ties)."""
-    kmax = int(k.max()) if k.numel() else 0
+def top_k_per_row(score: torch.Tensor, k: torch.Tensor, kmax: int | None = None) -> torch.Tensor:
+    """[B, R] scores, [B] counts -> [B, R] bool of each row's k highest scores (torch.topk order on ties).
+
+    ``kmax``: ``k.max()`` when the caller knows it on the host (no device sync); None: read here."""
+    if kmax is None:
+        kmax = int(k.max()) if k.numel() else 0
     out = torch.zeros_like(score, dtype=torch.bool)
     if kmax == 0:
         return out

@@ -43,6 +43,7 @@ class DreamOrdering(Sampler):
     fixed_budget: ClassVar[bool] = True
     commits_every_step: ClassVar[bool] = False
     follows_model_defaults: ClassVar[bool] = True
+    reads_candidates_only: ClassVar[bool] = True
     option_defaults: ClassVar[dict[str, float]] = {"eps": 1e-3}  # DreamGenerationConfig's
 
     def __post_init__(self) -> None:

@@ -36,6 +36,7 @@ class EntropyThreshold(Sampler):
     eta: float = 0.5
 
     name: ClassVar[str] = "entropy_threshold"
+    reads_candidates_only: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         if not (isinstance(self.eta, int | float) and math.isfinite(self.eta) and self.eta > 0):

@@ -41,6 +41,7 @@ class Factor(Sampler):
     factor: float = 1.0
 
     name: ClassVar[str] = "factor"
+    reads_candidates_only: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         if not (isinstance(self.factor, int | float) and math.isfinite(self.factor) and self.factor > 0):

@@ -129,6 +129,7 @@ class LearnedFilter(LowConfidence):
     eotp: bool = False
 
     name: ClassVar[str] = "learned_filter"
+    reads_candidates_only: ClassVar[bool] = False  # the filter reads every block slot's confidence
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.accept) and 0.0 <= self.accept < 1.0):

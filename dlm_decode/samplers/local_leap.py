@@ -30,6 +30,7 @@ class LocalLeap(Sampler):
     radius: int = 4
 
     name: ClassVar[str] = "local_leap"
+    reads_candidates_only: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         check_probability(self.name, "kappa", self.kappa)

@@ -25,9 +25,12 @@ from dlm_decode.samplers.schedule import llada_schedule
 class LowConfidence(Sampler):
     name: ClassVar[str] = "low_confidence"
     fixed_budget: ClassVar[bool] = True
+    reads_candidates_only: ClassVar[bool] = True
 
     def begin_block(self, state: DecodeState) -> None:
-        state.scratch[self.name] = llada_schedule(state.block_masked().sum(1), self.steps_per_block(state))
+        sched = llada_schedule(state.block_masked().sum(1), self.steps_per_block(state))  # [B, S]
+        state.scratch[self.name] = sched
+        state.scratch[f"{self.name}/most"] = sched.max(0).values.tolist()  # [S] host: no sync inside a step
 
     def score(self, state: DecodeState, conf: torch.Tensor) -> torch.Tensor:
         return conf
@@ -37,5 +40,6 @@ class LowConfidence(Sampler):
         cand = candidates(state, r0, r0 + logits.shape[1])
         score = torch.where(cand, self.score(state, conf), float("-inf"))
         sched = state.scratch[self.name]
-        k = sched[:, min(state.block_step, sched.shape[1] - 1)]
-        return Selection(commit=top_k_per_row(score, k) & cand, tokens=x0)
+        col = min(state.block_step, sched.shape[1] - 1)
+        k, kmax = sched[:, col], state.scratch[f"{self.name}/most"][col]
+        return Selection(commit=top_k_per_row(score, k, kmax) & cand, tokens=x0)

@@ -28,7 +28,7 @@ from dlm_decode.samplers.base import Sampler, Selection, candidates, top_k_per_r
 
 def top1(score: torch.Tensor, cand: torch.Tensor) -> torch.Tensor:
     """[B, R] bool: each row's single highest-scoring candidate (none for rows without candidates)."""
-    return top_k_per_row(torch.where(cand, score, float("-inf")), cand.any(1).long()) & cand
+    return top_k_per_row(torch.where(cand, score, float("-inf")), cand.any(1).long(), kmax=1) & cand
 
 
 @dataclass(frozen=True)
@@ -36,6 +36,7 @@ class Threshold(Sampler):
     threshold: float = 0.9
 
     name: ClassVar[str] = "threshold"
+    reads_candidates_only: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         check_probability(self.name, "threshold", self.threshold)

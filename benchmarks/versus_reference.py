@@ -1,0 +1,288 @@
+"""``bench_speed.py --versus-reference``: ``dlm_decode.generate`` against the reference loops it re-states, same
+algorithm, same tokens, same NFE (fp32, temperature 0).
+
+    python benchmarks/bench_speed.py --versus-reference --vr-configs 256x1,256x8,1024x1 --repeats 5 --warmup 1 \\
+        --threads 1
+    python benchmarks/bench_speed.py --versus-reference --model DIR ...   # an LLaDA checkpoint, not random weights
+
+Model: without ``--model``, a random LLaDA of demo size (d_model 256, 6 layers, 8 heads, MLP 768, vocabulary 2048)
+written in the official format to a temporary directory the way the tests write theirs (``tests/checkpoints.py``)
+and loaded with ``dlm_decode.load_model``; ``--model`` loads an LLaDA checkpoint instead (Fast-dLLM's loops are
+LLaDA's). Prompts: random token ids, 64 per row, fixed by ``--seed``; every row of a batch has the same length
+because the reference has no padding.
+
+The reference side is the test suite's re-statements of the published loops: LLaDA ``generate``
+(``tests/reference_generate.py``: ``llada_generate``), Fast-dLLM ``generate`` with a threshold (``fastdllm_generate``),
+``generate_with_prefix_cache`` and ``generate_with_dual_cache`` (``tests/reference_cached_generate.py``). They run
+over ``llada_cached_forward``: a plain LLaDA forward over the checkpoint tensors that keeps Fast-dLLM's cache
+mechanics (K/V cached before RoPE, the whole key sequence rotated every call), here with SDPA attention and
+``F.silu`` as the official modeling file. Batches > 1 run as the reference runs them: one batched forward per step
+and a Python loop over the rows for the selection. Rows per configuration (gen length x batch; block 32):
+
+* ``llada_generate``: LLaDA ``generate``, ``low_confidence``, ``--vr-steps`` steps, no cache (the baseline);
+* ``threshold``: threshold 0.9, no cache; ``threshold+prefix``, ``threshold+dual``: with Fast-dLLM's caches;
+* ``fixed+dual``: the fixed schedule (``low_confidence``, ``--vr-steps`` steps) with the dual cache.
+
+``--vr-steps`` (default 256, at most the gen length: one token per step at gen 256) is the fixed schedule's total.
+Each repeat runs every configuration and row, reference and ours back to back (the order alternates per repeat);
+``--warmup`` passes run first, untimed. Time is wall-clock around the whole call on both sides (ours includes its
+request checks and output building; CUDA is synchronised). Per row: NFE of each side (the reference's counted as
+calls of its forward), tokens/s of each side (median over repeats), whether the tokens are identical, and the ratio
+ours / reference; per configuration the ``threshold+dual`` / ``threshold`` tokens/s ratio of each side. The last line
+printed is one JSON object, with the torch thread count.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the reference re-statements
+
+from checkpoints import llada_config, llada_state_dict, write_checkpoint  # noqa: E402
+from reference_cached_generate import dual_cache_generate, llada_cached_forward, prefix_cache_generate  # noqa: E402
+from reference_generate import fastdllm_generate, llada_generate  # noqa: E402
+
+import dlm_decode  # noqa: E402
+from dlm_decode.parallelbench.runner import render_table  # noqa: E402
+
+PROMPT_LENGTH, BLOCK_LENGTH, THRESHOLD = 64, 32, 0.9
+DEMO_SIZE = {"d_model": 256, "n_layers": 6, "n_heads": 8, "n_kv_heads": 8, "mlp_hidden_size": 768}
+DEMO_VOCAB = 2048
+
+
+@dataclass(frozen=True)
+class Row:
+    """One algorithm, run by the reference and by ``dlm_decode.generate``."""
+
+    name: str
+    sampler: str
+    cache: str
+    reference: str  # which re-stated loop: llada, fastdllm, prefix, dual
+
+    @property
+    def fixed(self) -> bool:
+        return self.sampler == "low_confidence"
+
+
+ROWS = (
+    Row("llada_generate", "low_confidence", "none", "llada"),
+    Row("threshold", "threshold", "none", "fastdllm"),
+    Row("threshold+prefix", "threshold", "prefix", "prefix"),
+    Row("threshold+dual", "threshold", "dual", "dual"),
+    Row("fixed+dual", "low_confidence", "dual", "dual"),
+)
+
+
+def parse_configs(spec: str) -> list[tuple[int, int]]:
+    """``"256x1,1024x8"`` -> [(gen length, batch), ...]; gen lengths are multiples of the block (32)."""
+    out = []
+    for part in (p.strip() for p in spec.split(",") if p.strip()):
+        gen, sep, batch = part.partition("x")
+        if not sep or not gen.isdigit() or not batch.isdigit() or int(gen) < 1 or int(batch) < 1:
+            raise SystemExit(f"--vr-configs expects GENxBATCH entries such as 256x1, got {part!r}")
+        if int(gen) % BLOCK_LENGTH:
+            raise SystemExit(f"--vr-configs: gen length {gen} is not a multiple of the block length {BLOCK_LENGTH}")
+        out.append((int(gen), int(batch)))
+    if not out:
+        raise SystemExit("--vr-configs is empty")
+    return out
+
+
+def fixed_steps(gen: int, steps: int) -> int:
+    """The fixed schedule's total steps at gen length ``gen``: ``steps`` capped at ``gen``, a multiple of the blocks."""
+    blocks = gen // BLOCK_LENGTH
+    total = min(steps, gen)
+    if total % blocks:
+        raise SystemExit(f"--vr-steps {steps}: at gen length {gen} the steps must be a multiple of {blocks} blocks")
+    return total
+
+
+def load(args: argparse.Namespace) -> tuple[Any, str]:
+    """The model (fp32, eval) and a description of it."""
+    if args.model is None:
+        sizes = {"vocab_size": DEMO_VOCAB, "embedding_size": DEMO_VOCAB, "mask_token_id": DEMO_VOCAB - 1}
+        cfg = llada_config(**DEMO_SIZE, **sizes, max_sequence_length=4096)
+        with tempfile.TemporaryDirectory() as tmp:
+            path = write_checkpoint(Path(tmp) / "llada", cfg, llada_state_dict(cfg))
+            model = dlm_decode.load_model(path, device=args.device, tokenizer=False)[0]
+        return model, "random LLaDA, demo size (d 256, 6 layers, 8 heads, MLP 768, vocab 2048)"
+    model = dlm_decode.load_model(args.model, device=args.device, tokenizer=False)[0]
+    if model.config.model_type != "llada" or model.config.weight_tying:
+        raise SystemExit("--versus-reference needs an LLaDA checkpoint without weight tying (the reference's model)")
+    return model, str(args.model)
+
+
+def prompts(model: Any, batch: int, seed: int) -> torch.Tensor:
+    """[batch, 64] random ids, never MASK; the same for every row count (row i is the same in every batch)."""
+    g = torch.Generator().manual_seed(seed)
+    vocab, mask = model.get_input_embeddings().weight.shape[0], model.mask_token_id
+    ids = torch.randint(3, vocab, (batch, PROMPT_LENGTH), generator=g)
+    return ids.masked_fill(ids == mask, 3).to(next(model.parameters()).device)
+
+
+class Counted:
+    """The reference forward, counting its calls (the reference's NFE)."""
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        self.fn, self.calls = fn, 0
+
+    def __call__(self, *a: Any, **kw: Any) -> Any:
+        self.calls += 1
+        return self.fn(*a, **kw)
+
+
+def reference_forward(model: Any) -> Callable[..., Any]:
+    """``fwd(ids, past=None, replace=None) -> (logits, present)`` over the model's tensors (built once, untimed)."""
+    return functools.partial(llada_cached_forward, dict(model.state_dict()), model.config.to_dict(), official_ops=True)
+
+
+def run_reference(
+    model: Any, forward: Callable[..., Any], row: Row, prompt: torch.Tensor, gen: int, steps: int
+) -> tuple[torch.Tensor, int]:
+    """(tokens [B, T], NFE) of the re-stated reference loop over ``forward`` (``reference_forward``)."""
+    fwd = Counted(forward)
+    mask = model.mask_token_id
+    if row.reference == "llada":
+        x = llada_generate(lambda ids: fwd(ids)[0], prompt, steps, gen, BLOCK_LENGTH, mask)
+    elif row.reference == "fastdllm":
+        x, _ = fastdllm_generate(lambda ids: fwd(ids)[0], prompt, gen, BLOCK_LENGTH, mask, threshold=THRESHOLD)
+    else:
+        loop = prefix_cache_generate if row.reference == "prefix" else dual_cache_generate
+        kw = {"steps": steps} if row.fixed else {"threshold": THRESHOLD}
+        x, _ = loop(fwd, prompt, gen, BLOCK_LENGTH, mask, **kw)
+    return x, fwd.calls
+
+
+def run_ours(model: Any, row: Row, prompt: torch.Tensor, gen: int, steps: int) -> tuple[torch.Tensor, int]:
+    """(tokens [B, T], NFE) of ``dlm_decode.generate`` for the same algorithm."""
+    out = dlm_decode.generate(
+        model,
+        prompt,
+        sampler=row.sampler,
+        sampler_options=None if row.fixed else {"threshold": THRESHOLD},
+        cache=row.cache,
+        gen_length=gen,
+        block_length=BLOCK_LENGTH,
+        steps=steps if row.fixed else None,
+        temperature=0.0,
+    )
+    return out.sequences, out.nfe
+
+
+def timed(fn: Callable[[], tuple[torch.Tensor, int]], cuda: bool) -> tuple[float, torch.Tensor, int]:
+    if cuda:
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    x, nfe = fn()
+    if cuda:
+        torch.cuda.synchronize()
+    return time.perf_counter() - start, x.cpu(), nfe
+
+
+def main(args: argparse.Namespace) -> dict[str, Any]:
+    """Run the comparison, print the table; returns the JSON object (printed last by the caller)."""
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    configs = parse_configs(args.vr_configs)
+    model, described = load(args)
+    cuda = next(model.parameters()).is_cuda
+    sides = [("reference", functools.partial(run_reference, model, reference_forward(model)))]
+    sides.append(("ours", functools.partial(run_ours, model)))
+    cases = [(gen, batch, row) for gen, batch in configs for row in ROWS]
+    times: dict[int, dict[str, list[float]]] = {i: {"reference": [], "ours": []} for i in range(len(cases))}
+    seen: dict[int, dict[str, Any]] = {}
+    for rep in range(args.warmup + args.repeats):
+        print(f"versus reference: pass {rep + 1}/{args.warmup + args.repeats}", file=sys.stderr)
+        for i, (gen, batch, row) in enumerate(cases):
+            prompt, steps = prompts(model, batch, args.seed), fixed_steps(gen, args.vr_steps)
+            for side, fn in sides if rep % 2 == 0 else sides[::-1]:
+                seconds, x, nfe = timed(functools.partial(fn, row, prompt, gen, steps), cuda)
+                seen.setdefault(i, {})[side] = (x, nfe)
+                if rep >= args.warmup:
+                    times[i][side].append(seconds)
+    results = []
+    for i, (gen, batch, row) in enumerate(cases):
+        (ref_x, ref_nfe), (our_x, our_nfe) = seen[i]["reference"], seen[i]["ours"]
+        tps = {side: gen * batch / statistics.median(times[i][side]) for side in ("reference", "ours")}
+        results.append(
+            {
+                "gen_length": gen,
+                "batch": batch,
+                "row": row.name,
+                "sampler": row.sampler,
+                "cache": row.cache,
+                "steps": fixed_steps(gen, args.vr_steps) if row.fixed else None,
+                "nfe_reference": ref_nfe,
+                "nfe_ours": our_nfe,
+                "tokens_per_s_reference": tps["reference"],
+                "tokens_per_s_ours": tps["ours"],
+                "seconds_reference": times[i]["reference"],
+                "seconds_ours": times[i]["ours"],
+                "identical": bool(torch.equal(ref_x, our_x)) and ref_nfe == our_nfe,
+                "speedup": tps["ours"] / tps["reference"],
+            }
+        )
+    dual_over_none = []
+    for gen, batch in configs:
+        by = {r["row"]: r for r in results if (r["gen_length"], r["batch"]) == (gen, batch)}
+        dual, none = by["threshold+dual"], by["threshold"]
+        dual_over_none.append(
+            {
+                "gen_length": gen,
+                "batch": batch,
+                "reference": dual["tokens_per_s_reference"] / none["tokens_per_s_reference"],
+                "ours": dual["tokens_per_s_ours"] / none["tokens_per_s_ours"],
+            }
+        )
+    print(format_table(results, dual_over_none))
+    return {
+        "bench": "speed_versus_reference",
+        "model": described,
+        "device": str(next(model.parameters()).device),
+        "dtype": "float32",
+        "torch_threads": torch.get_num_threads(),
+        "prompt_length": PROMPT_LENGTH,
+        "block_length": BLOCK_LENGTH,
+        "threshold": THRESHOLD,
+        "fixed_steps": args.vr_steps,
+        "configs": [f"{g}x{b}" for g, b in configs],
+        "repeats": args.repeats,
+        "warmup": args.warmup,
+        "seed": args.seed,
+        "timing": "wall-clock around the whole call, median over repeats, both sides interleaved in one process",
+        "all_identical": all(r["identical"] for r in results),
+        "results": results,
+        "threshold_dual_over_threshold": dual_over_none,
+    }
+
+
+def format_table(results: list[dict[str, Any]], dual_over_none: list[dict[str, Any]]) -> str:
+    head = ["gen x batch", "row", "NFE ref", "NFE ours", "tok/s ref", "tok/s ours", "x ref", "identical"]
+    body = [
+        [
+            f"{r['gen_length']}x{r['batch']}",
+            r["row"],
+            str(r["nfe_reference"]),
+            str(r["nfe_ours"]),
+            f"{r['tokens_per_s_reference']:.1f}",
+            f"{r['tokens_per_s_ours']:.1f}",
+            f"{r['speedup']:.2f}",
+            "yes" if r["identical"] else "NO",
+        ]
+        for r in results
+    ]
+    lines = [render_table(head, body), "threshold+dual tok/s over threshold (no cache) tok/s:"]
+    for d in dual_over_none:
+        lines.append(f"  {d['gen_length']}x{d['batch']}: reference {d['reference']:.2f}, ours {d['ours']:.2f}")
+    return "\n".join(lines)
