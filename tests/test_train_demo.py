@@ -546,3 +546,19 @@ def test_ship_reads_the_runner_json_and_evaluate_lines(tmp_path):
     path.write_text('{"summary": {}}\n')
     with pytest.raises(SystemExit, match="neither"):
         ship.read_scores(path)
+
+
+def test_probe_rows_take_the_trained_format(tok, mini_pb):
+    # after a padded stage the model has only seen EOS-padded answers; the probe must be able to ask in that format
+    probe, stream_mod = _load("probe"), _load("stream")
+    stream = stream_mod.RowStream(mini_pb, tok, seed=0)
+    eot = tok.convert_tokens_to_ids("<|eot_id|>")
+    plain = probe.probe_rows(stream, "waiting_line/copy", 3, seed=5)
+    padded = probe.probe_rows(stream, "waiting_line/copy", 3, seed=5, padded=True)
+    with_icl = probe.probe_rows(stream, "waiting_line/copy", 3, seed=5, padded=True, icl=True)
+    for (p0, a0), (p1, a1), (p2, a2) in zip(plain, padded, with_icl, strict=True):
+        assert a0[-1] == eot and tok.eos_token_id not in a0  # answer + eot only
+        assert len(a1) == 32 and a1[: len(a0)] == a0 and set(a1[len(a0) :]) == {tok.eos_token_id}
+        assert p1 == p0 and a2 == a1
+        assert len(p2) > len(p0) and p2[-len(p0) + 1 :] == p0[1:]  # the example comes first, the query list last
+        assert tok.decode(a0[:-1]) in tok.decode(p0)  # copy: the answer is the prompt's list

@@ -10,6 +10,12 @@ On fresh-seed short rows in the bare format (``stream.RowStream.encode_bare``; n
   first, long before whole answers come out right.
 * ``exact``: greedy decoding one token per step (``low_confidence``, steps = answer length) of the whole answer.
 
+``--padded`` builds the rows the way the padded short stages train on them (``{pad=1}``: the answer, ``<|eot_id|>``,
+then ``<|endoftext|>`` up to the task's gen length); a model trained past such a stage has never seen an unpadded
+answer, and the plain probe then reads a collapse that is not there (measured 2026-11-24: copy 0.06 unpadded against
+0.83 padded on the same checkpoint). ``--icl`` shows each row's in-context example first (two lists, as the official
+prompts do).
+
 ``--full N`` also scores N fresh-seed samples per task with the official prompt (``build_messages``, ICL turn) the
 way ``evaluate.py`` scores the official files (one token per step, ``scoring.score_task``).
 """
@@ -28,9 +34,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from stream import TASKS, RowStream, eval_items, heldout, official_keys, short_prompt  # noqa: E402
+from stream import TASKS, Mix, RowStream, eval_items, heldout, official_keys  # noqa: E402
 
 import dlm_decode  # noqa: E402
+from dlm_decode.parallelbench.tasks import max_new_tokens  # noqa: E402
 
 # tokens that carry structure, not content: a probe on them would measure the format, not retrieval
 STRUCTURE = ('["', '"]', '",\u0120"', "\u010a", "<|eot_id|>", "<|endoftext|>", ",")
@@ -65,6 +72,17 @@ def greedy_exact(model: Any, tok: Any, rows: Sequence[tuple[list[int], list[int]
     return hits / max(len(rows), 1)
 
 
+def probe_rows(
+    stream: RowStream, task: str, n: int, seed: int, padded: bool = False, icl: bool = False
+) -> list[tuple[list[int], list[int]]]:
+    """``n`` fresh short rows of ``task`` (prompt ids, answer ids) in the bare format, padded / with the in-context
+    example as the flags say (the rows the short stages train on, ``stream.RowStream.short_row``)."""
+    mix = Mix(n, 1.0, bare=True, pad=padded, icl=1.0 if icl else 0.0)
+    return [
+        stream.short_row(task, s, s["answer"], max_new_tokens(task), mix, icl) for s in stream.samples(task, n, seed)
+    ]
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("model", help="checkpoint directory (a run's export/) or demo name")
@@ -74,6 +92,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--full", type=int, default=0, help="also score N official-format held-out samples per task")
     ap.add_argument("--seed", type=int, default=99)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--padded", action="store_true", help="answers padded with EOS to the task's gen length")
+    ap.add_argument("--icl", action="store_true", help="each row shows its in-context example and answer first")
     args = ap.parse_args(argv)
     unknown = sorted(set(args.tasks) - set(TASKS))
     if unknown:
@@ -84,12 +104,12 @@ def main(argv: list[str] | None = None) -> dict:
     model.eval()
     skip = set(tok.convert_tokens_to_ids([t for t in STRUCTURE if t in tok.get_vocab()]))
     stream = RowStream(args.parallelbench, tok, seed=0)
-    result: dict = {"model": str(args.model), "tf": {}, "exact": {}}
+    result: dict = {"model": str(args.model), "padded": args.padded, "icl": args.icl, "tf": {}, "exact": {}}
     training = Path(args.model) / "training.json"
     if training.is_file():
         result["step"] = json.loads(training.read_text())["step"]
     for task in args.tasks:
-        rows = [stream.encode_bare(short_prompt(task, s), s["answer"]) for s in stream.samples(task, args.n, args.seed)]
+        rows = probe_rows(stream, task, args.n, args.seed, padded=args.padded, icl=args.icl)
         result["tf"][task] = round(teacher_forced(model, rows, model.mask_token_id, skip), 3)
         result["exact"][task] = round(greedy_exact(model, tok, rows), 3)
     if args.full:
