@@ -3,7 +3,8 @@
     python recipes/train_demo/plot_curves.py RUN_DIR [RUN_DIR ...] --out curves.png
 
 One row of panels per run, one panel per measure: teacher-forced retrieval (``tf``), greedy exact match on short
-rows (``exact``) and, where probed, the official-prompt score on held-out samples (``full``); one line per task.
+rows (``exact``) and, where probed, the official-prompt score on held-out samples (``full``); one line per task,
+and a dashed one per task for probes run with ``probe.py --padded`` (the two formats are different measurements).
 Reads ``RUN_DIR/probe.jsonl``; a half-written last line is skipped.
 """
 
@@ -44,10 +45,16 @@ def main(argv: list[str] | None = None) -> None:
     for row, run in zip(axes, args.runs, strict=True):
         probes = read_probes(run)
         for ax, (key, title) in zip(row, measures, strict=True):
-            for task in sorted({t for r in probes for t in r.get(key, {})}):
-                pts = [(r["step"], r[key][task]) for r in probes if task in r.get(key, {})]
+            series = sorted({(t, bool(r.get("padded")) and key != "full") for r in probes for t in r.get(key, {})})
+            for task, padded in series:
+                pts = [
+                    (r["step"], r[key][task])
+                    for r in probes
+                    if task in r.get(key, {}) and (bool(r.get("padded")) == padded or key == "full")
+                ]
                 ys = [y / 100 if key == "full" else y for _, y in pts]
-                ax.plot([s for s, _ in pts], ys, marker=".", label=task.split("/")[-1])
+                label = task.split("/")[-1] + (" (padded rows)" if padded else "")
+                ax.plot([s for s, _ in pts], ys, marker=".", linestyle="--" if padded else "-", label=label)
             ax.set_title(f"{run.name}: {title}", fontsize=9)
             ax.set_xlabel("training step")
             ax.grid(alpha=0.3)
