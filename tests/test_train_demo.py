@@ -562,3 +562,19 @@ def test_probe_rows_take_the_trained_format(tok, mini_pb):
         assert p1 == p0 and a2 == a1
         assert len(p2) > len(p0) and p2[-len(p0) + 1 :] == p0[1:]  # the example comes first, the query list last
         assert tok.decode(a0[:-1]) in tok.decode(p0)  # copy: the answer is the prompt's list
+
+
+def test_probe_scores_random_output_rows_by_validity(tok, mini_pb):
+    # shuffle has many right answers: the rows carry one drawn valid answer, and a greedy answer counts when the
+    # task's metric accepts it, not only when it equals the drawn target
+    probe, stream_mod = _load("probe"), _load("stream")
+    from dlm_decode.parallelbench.metrics import score_sample
+
+    stream = stream_mod.RowStream(mini_pb, tok, seed=0)
+    rows, samples = probe.probe_rows_and_samples(stream, "waiting_line/shuffle", 4, seed=5, padded=True)
+    eot = tok.convert_tokens_to_ids("<|eot_id|>")
+    for (_, answer), sample in zip(rows, samples, strict=True):
+        text = tok.decode(answer[: answer.index(eot)])
+        assert score_sample("waiting_line/shuffle", text, sample)["score"] == 1.0
+        original = tok.decode(tok(sample["input"]["context"], add_special_tokens=False)["input_ids"])
+        assert score_sample("waiting_line/shuffle", original, sample)["score"] < 1.0  # the unshuffled list is wrong

@@ -8,7 +8,9 @@ On fresh-seed short rows in the bare format (``stream.RowStream.encode_bare``; n
   bracket or separator), leave every other token visible, and count how often the argmax is the right token. A model
   that does not read the prompt scores about its unigram guess (~0.01 on names); in-context copying shows here
   first, long before whole answers come out right.
-* ``exact``: greedy decoding one token per step (``low_confidence``, steps = answer length) of the whole answer.
+* ``exact``: greedy decoding one token per step (``low_confidence``, steps = answer length) of the whole answer,
+  scored by the task's metric (a random-output task's answer is right when it is valid, not when it equals the
+  row's drawn target).
 
 ``--padded`` builds the rows the way the padded short stages train on them (``{pad=1}``: the answer, ``<|eot_id|>``,
 then ``<|endoftext|>`` up to the task's gen length); a model trained past such a stage has never seen an unpadded
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import sys
 import time
 from collections.abc import Sequence
@@ -37,6 +40,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from stream import TASKS, Mix, RowStream, eval_items, heldout, official_keys  # noqa: E402
 
 import dlm_decode  # noqa: E402
+from dlm_decode.parallelbench.generator import random_answer  # noqa: E402
+from dlm_decode.parallelbench.metrics import score_sample  # noqa: E402
 from dlm_decode.parallelbench.tasks import max_new_tokens  # noqa: E402
 
 # tokens that carry structure, not content: a probe on them would measure the format, not retrieval
@@ -61,14 +66,27 @@ def teacher_forced(model: Any, rows: Sequence[tuple[list[int], list[int]]], mask
     return right / max(total, 1)
 
 
-def greedy_exact(model: Any, tok: Any, rows: Sequence[tuple[list[int], list[int]]]) -> float:
-    """Share of rows whose whole answer comes out right, one token per step."""
+def greedy_exact(
+    model: Any,
+    tok: Any,
+    rows: Sequence[tuple[list[int], list[int]]],
+    task: str | None = None,
+    samples: Sequence[dict] | None = None,
+) -> float:
+    """Share of rows whose whole answer comes out right, one token per step. With ``task`` and ``samples`` a row is
+    right when the task's metric gives the decoded list full marks (the random-output tasks have many right answers,
+    so the drawn target's ids are only one of them); otherwise the ids must equal the row's answer."""
     hits = 0
-    for prompt, answer in rows:
+    for i, (prompt, answer) in enumerate(rows):
         out = dlm_decode.generate(
             model, [prompt], tokenizer=tok, sampler="low_confidence", gen_length=len(answer), steps=len(answer)
         )
-        hits += int(out.rows[0].generated_ids[: len(answer)] == answer)
+        ids = out.rows[0].generated_ids[: len(answer)]
+        if task is not None and samples is not None:
+            text = tok.decode(ids, skip_special_tokens=True).strip()
+            hits += int(score_sample(task, text, samples[i])["score"] == 1.0)
+        else:
+            hits += int(ids == answer)
     return hits / max(len(rows), 1)
 
 
@@ -76,11 +94,20 @@ def probe_rows(
     stream: RowStream, task: str, n: int, seed: int, padded: bool = False, icl: bool = False
 ) -> list[tuple[list[int], list[int]]]:
     """``n`` fresh short rows of ``task`` (prompt ids, answer ids) in the bare format, padded / with the in-context
-    example as the flags say (the rows the short stages train on, ``stream.RowStream.short_row``)."""
+    example as the flags say (the rows the short stages train on, ``stream.RowStream.short_row``). A random-output
+    task's row answers with one valid answer drawn as training draws it (``random_answer``)."""
+    return probe_rows_and_samples(stream, task, n, seed, padded, icl)[0]
+
+
+def probe_rows_and_samples(
+    stream: RowStream, task: str, n: int, seed: int, padded: bool = False, icl: bool = False
+) -> tuple[list[tuple[list[int], list[int]]], list[dict]]:
+    """``probe_rows`` and the samples behind them (for scoring greedy answers with the task's metric)."""
     mix = Mix(n, 1.0, bare=True, pad=padded, icl=1.0 if icl else 0.0)
-    return [
-        stream.short_row(task, s, s["answer"], max_new_tokens(task), mix, icl) for s in stream.samples(task, n, seed)
-    ]
+    samples = stream.samples(task, n, seed)
+    rng = random.Random(seed)
+    rows = [stream.short_row(task, s, random_answer(task, s, rng), max_new_tokens(task), mix, icl) for s in samples]
+    return rows, samples
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -109,9 +136,9 @@ def main(argv: list[str] | None = None) -> dict:
     if training.is_file():
         result["step"] = json.loads(training.read_text())["step"]
     for task in args.tasks:
-        rows = probe_rows(stream, task, args.n, args.seed, padded=args.padded, icl=args.icl)
+        rows, samples = probe_rows_and_samples(stream, task, args.n, args.seed, padded=args.padded, icl=args.icl)
         result["tf"][task] = round(teacher_forced(model, rows, model.mask_token_id, skip), 3)
-        result["exact"][task] = round(greedy_exact(model, tok, rows), 3)
+        result["exact"][task] = round(greedy_exact(model, tok, rows, task, samples), 3)
     if args.full:
         from scoring import score_task  # noqa: PLC0415  (pulls in the metrics only when asked)
 
