@@ -1,0 +1,91 @@
+"""benchmarks/sweep_report.py on hand-made sweep rows whose tables and target verdicts are known."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("sweep_report", REPO / "benchmarks" / "sweep_report.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _row(task, sampler, nfe, score, opts=None, k=None, cache="none", seconds=1.0):
+    opts = opts or {}
+    label = f"top-k k={k}" if k else sampler + "".join(f" {v}" for v in opts.values())
+    label += " b32" + ("" if cache == "none" else f" +{cache}")
+    method = ("top-k" if k else sampler) + " b32" + ("" if cache == "none" else f" +{cache}")
+    cid = json.dumps([sampler, opts, k, cache], sort_keys=True)
+    cfg = {"sampler": sampler, "sampler_options": opts, "block_length": 32, "k": k, "cache": cache}
+    return {
+        "model": "m",
+        "config_id": cid,
+        "label": label,
+        "method": method,
+        "config": cfg,
+        "task": task,
+        "n": 4,
+        "gen_length": 32,
+        "score": score,
+        "score_strict": score,
+        "nfe": nfe,
+        "tokens_per_step": 32 / nfe,
+        "seconds": seconds,
+        "threads": 1,
+    }
+
+
+@pytest.fixture
+def rows():
+    out = []
+    for task in ("waiting_line/copy", "waiting_line/shuffle"):
+        out += [
+            _row(task, "oracle", 2.0, 100.0),
+            _row(task, "low_confidence", 32.0, 100.0, k=1, seconds=4.0),
+            _row(task, "low_confidence", 8.0, 100.0 if task.endswith("copy") else 20.0, k=4),
+            _row(task, "threshold", 8.0, 99.5 if task.endswith("copy") else 99.5, {"threshold": 0.9}),
+            _row(task, "threshold", 12.0, 100.0, {"threshold": 0.95}),
+            _row(task, "threshold", 8.0, 97.0, {"threshold": 0.9}, cache="dual", seconds=0.5),
+        ]
+    return out
+
+
+def test_report_tables_and_targets(rows):
+    mod = _load()
+    summary = {s["label"]: s for s in mod.summarize(rows)}
+    th = summary["threshold 0.9 b32"]
+    assert th["nfe_vs_baseline"] == pytest.approx(0.25)  # 8 / 32 on both tasks
+    assert th["nfe_ratio"] == pytest.approx(4.0)  # 8 / oracle 2
+    assert summary["top-k k=4 b32"]["score"] == pytest.approx(60.0)
+    lines = mod.targets(list(summary.values()))
+    assert lines[0] == "baseline (`low_confidence` k=1): score 100.0, NFE 32.00"
+    # threshold 0.95 (NFE 12) must not be taken for threshold 0.9
+    assert len([x for x in lines if x.startswith("`threshold")]) == 1
+    assert "NFE / baseline 0.250 (target <= 0.5), score -0.5 against the baseline (target >= -1): met" in lines[1]
+    # within 1 point of the baseline: threshold 0.9 (99.5) beats threshold 0.95 (NFE 12) and top-k k=4 (60.0) is out
+    assert "`threshold 0.9 b32`, NFE / oracle 4.00 (target <= 1.5, moonshot 1.25): not met" in lines[2]
+    text = mod.report(rows, "t", "cmd --x")
+    assert "| threshold 0.9 b32 +dual | dual | 97.0 | -2.5 | 8.00 | 2.00 |" in text  # 0.5 s vs 1 s per task
+    # the random-output task loses its score at 4 tokens per step where copy keeps it
+    assert "| waiting_line/shuffle (random output) | 100.0 | 99.5 | 100.0 | 20.0 |" in text
+    assert "| waiting_line/copy | 100.0 | 99.5 | 100.0 | 100.0 |" in text
+    assert "- PB90: 4.00 tok/step (threshold 0.9 b32, 99.5)" in text
+    assert "```bash\ncmd --x\n```" in text
+
+
+def test_report_refuses_a_missing_or_empty_file(tmp_path, capsys):
+    mod = _load()
+    with pytest.raises(SystemExit, match="does not exist"):
+        mod.main([str(tmp_path / "none.jsonl")])
+    empty = tmp_path / "e.jsonl"
+    empty.write_text("")
+    with pytest.raises(SystemExit, match="no scored rows"):
+        mod.main([str(empty)])
