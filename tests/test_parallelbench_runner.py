@@ -302,12 +302,11 @@ def test_bench_speed_prints_one_json_line_last(tok_dir, capsys):
     assert "token_forwards_per_token" in thr and "peak_mem_mb" in thr and out["memory"]
 
 
-# The shipped demo-llada (recipes/train_demo, run v6) decodes official samples one token per step and solves them:
-# reverse and copy of four-name lists (official samples 25-49 are the four-name ones; it solves all 100 four- and
-# six-name copies and none of the odd lengths, see its card), remove at an index. Eight samples each, decoded here
-# (not read from scores.json); fp32 at T=0 is deterministic, so a weight, tokenizer or decode-loop change that breaks
-# reading the prompt shows as a drop.
-DEMO_SOLVES = {"waiting_line/reverse": (0, 8), "waiting_line/copy": (25, 8), "waiting_line/remove_index": (0, 8)}
+# The shipped demo-llada (recipes/train_demo, run v6 at step 7,700) decodes official samples one token per step and
+# solves them: reverse, copy of three-name lists (official samples 0-24; the step-5,700 model solved none of them) and
+# remove at an index. Eight samples each, decoded here (not read from scores.json); fp32 at T=0 is deterministic, so a
+# weight, tokenizer or decode-loop change that breaks reading the prompt shows as a drop.
+DEMO_SOLVES = {"waiting_line/reverse": (0, 8), "waiting_line/copy": (0, 8), "waiting_line/remove_index": (0, 8)}
 
 
 @needs_data
