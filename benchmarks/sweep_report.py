@@ -154,27 +154,45 @@ def report(rows: list[dict[str, Any]], title: str, command: str | None = None) -
     lines += [f"Torch threads while timing: {', '.join(threads) or 'not recorded'}.", ""]
     head = ["config", "tasks", "score", "strict", "NFE", "tok/step", "NFE/oracle", "NFE/baseline", "tok/s"]
     no_cache = sorted((s for s in summary if s["cache"] == "none"), key=lambda s: (s["method"], -s["nfe"]))
-    lines += ["## Samplers (no cache)", "", *_table(head, _summary_body(no_cache)), ""]
+    lines += ["## Samplers (no cache)", ""]
+    if len({len(s["tasks"]) for s in no_cache}) > 1:
+        lines += [
+            "Configs cover different task sets (column `tasks`); compare means only between rows with the same set.",
+            "",
+        ]
+    lines += [*_table(head, _summary_body(no_cache)), ""]
     plain = {s["key_no_cache"]: s for s in summary if s["cache"] == "none"}
     cached = [s for s in summary if s["cache"] != "none"]
+    by_task = {(r["config_id"], r["task"]): r for r in rows if r.get("score") is not None}
     if cached:
         body = []
         for s in sorted(cached, key=lambda s: s["cache"]):
             ref = plain.get(s["key_no_cache"])
-            delta = None if ref is None else s["score"] - ref["score"]
-            speed = (
-                None
-                if ref is None or not ref["tokens_per_second"] or s["tokens_per_second"] is None
-                else s["tokens_per_second"] / ref["tokens_per_second"]
+            shared = sorted(set(s["tasks"]) & set(ref["tasks"])) if ref else []
+            delta = speed = None
+            if shared:  # compared on the tasks both have rows for, never on different task sets
+                mine = [by_task[(s["config_id"], t)] for t in shared]
+                theirs = [by_task[(ref["config_id"], t)] for t in shared]
+                delta = _mean([r["score"] for r in mine]) - _mean([r["score"] for r in theirs])
+                secs_m, secs_t = sum(r["seconds"] for r in mine), sum(r["seconds"] for r in theirs)
+                speed = secs_t / secs_m if secs_m > 0 else None  # same tokens decoded on both sides
+            body.append(
+                [
+                    s["label"],
+                    s["cache"],
+                    str(len(shared)),
+                    _fmt(s["score"]),
+                    _fmt(delta),
+                    _fmt(s["nfe"], 2),
+                    _fmt(speed, 2),
+                ]
             )
-            body.append([s["label"], s["cache"], _fmt(s["score"]), _fmt(delta), _fmt(s["nfe"], 2), _fmt(speed, 2)])
-        head_c = ["config", "cache", "score", "delta vs no cache", "NFE", "tok/s vs no cache"]
+        head_c = ["config", "cache", "shared tasks", "score", "delta vs no cache", "NFE", "tok/s vs no cache"]
         lines += ["## Caches", "", *_table(head_c, body), ""]
     tasks = sorted({t for s in summary for t in s["tasks"]})
     curve = [s for s in no_cache if s["method"].split()[0] in ("top-k", "threshold")]
     curve = sorted(curve, key=lambda s: (s["method"], s["tokens_per_step"]))
     if curve:
-        by_task = {(r["config_id"], r["task"]): r for r in rows if r.get("score") is not None}
         body = []
         for t in tasks:
             mark = " (random output)" if any(x in t for x in RANDOM_TASKS) else ""

@@ -73,7 +73,7 @@ def test_report_tables_and_targets(rows):
     # within 1 point of the baseline: threshold 0.9 (99.5) beats threshold 0.95 (NFE 12) and top-k k=4 (60.0) is out
     assert "`threshold 0.9 b32`, NFE / oracle 4.00 (target <= 1.5, moonshot 1.25): not met" in lines[2]
     text = mod.report(rows, "t", "cmd --x")
-    assert "| threshold 0.9 b32 +dual | dual | 97.0 | -2.5 | 8.00 | 2.00 |" in text  # 0.5 s vs 1 s per task
+    assert "| threshold 0.9 b32 +dual | dual | 2 | 97.0 | -2.5 | 8.00 | 2.00 |" in text  # 0.5 s vs 1 s per task
     # the random-output task loses its score at 4 tokens per step where copy keeps it
     assert "| waiting_line/shuffle (random output) | 100.0 | 99.5 | 100.0 | 20.0 |" in text
     assert "| waiting_line/copy | 100.0 | 99.5 | 100.0 | 100.0 |" in text
@@ -89,3 +89,11 @@ def test_report_refuses_a_missing_or_empty_file(tmp_path, capsys):
     empty.write_text("")
     with pytest.raises(SystemExit, match="no scored rows"):
         mod.main([str(empty)])
+
+
+def test_cache_delta_is_taken_on_the_tasks_both_configs_ran(rows):
+    # a cache config that ran only copy must not be compared with the no-cache mean over copy and shuffle
+    rows = rows + [_row("waiting_line/copy", "threshold", 8.0, 100.0, {"threshold": 0.9}, cache="window", seconds=0.25)]
+    text = _load().report(rows, "t")
+    assert "| threshold 0.9 b32 +window | window | 1 | 100.0 | 0.5 | 8.00 | 4.00 |" in text
+    assert "compare means only between rows with the same set" not in text  # every no-cache config ran both tasks
