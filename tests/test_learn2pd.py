@@ -159,3 +159,165 @@ def test_shipped_demo_filter_matches_the_shipped_model(name):
     out = dlm_decode.generate(model, [chat], tokenizer=tok, chat=True, sampler="learned_filter",
                               sampler_options=opts, gen_length=32, block_length=32, steps=32)  # fmt: skip
     assert out.nfe < 32 and not (out.sequences == model.mask_token_id).any()
+
+
+# on-policy records (oracle_data.py --policy, train_filter.py with several --data, rounds.py): an extension
+
+
+def threshold_filter(path: Path, block: int, at: float) -> Path:
+    """A hand-set filter: sigmoid(100 * (conf - at)) > 0.96, i.e. it accepts a slot iff its conf > at + 0.032."""
+    f = FilterMLP(block)
+    with torch.no_grad():
+        f.net[0].weight.copy_(torch.eye(block))
+        f.net[0].bias.zero_()
+        f.net[2].weight.copy_(100 * torch.eye(block))
+        f.net[2].bias.fill_(-100 * at)
+    return save_filter(f, path)
+
+
+def trap_model(prompt_len: int = 2):
+    """One block of 4. Slot 0: 2 (0.9). Slot 1: 12 (0.6) while slot 0 is masked, then 3 (0.95). Slot 2: 4 (0.4)
+    while slot 1 is masked, 4 (0.8) after slot 1 = 3, 13 (0.45) after any other slot-1 token. Slot 3: 5 (0.2).
+    One token per step gives 2 3 4 5; a filter that accepts conf > 0.53 commits slot 1's 12 at the first step."""
+
+    def fn(canvas, step):
+        out = torch.zeros(canvas.shape[0], canvas.shape[1], V)
+        for r in range(canvas.shape[0]):
+            c = canvas[r, prompt_len:]
+            out[r, prompt_len] = peaked(2, 0.9)
+            out[r, prompt_len + 1] = peaked(3, 0.95) if c[0] != MASK else peaked(12, 0.6)
+            if c[1] == MASK:
+                out[r, prompt_len + 2] = peaked(4, 0.4)
+            else:
+                out[r, prompt_len + 2] = peaked(4, 0.8) if c[1] == 3 else peaked(13, 0.45)
+            out[r, prompt_len + 3] = peaked(5, 0.2)
+        return out
+
+    return ScriptedModel(fn, vocab=V, mask_id=MASK, eos_id=EOS)
+
+
+def test_policy_records_follow_the_filters_own_trajectory(tmp_path):
+    data = _recipe("oracle_data")
+    flt = threshold_filter(tmp_path / "flt", 4, 0.5)
+    kw = dict(gen_length=4, block_length=4)
+    ref, out, (conf, label) = data.policy_generate(trap_model(), [[3, 4]], policy=str(flt), **kw)
+    assert ref.rows[0].generated_ids == [2, 3, 4, 5]  # y
+    # step 1 commits 2 and the wrong 12 (accepted), step 2 the top-1 masked slot (13, after 12), step 3 slot 3
+    assert out.rows[0].generated_ids == [2, 12, 13, 5] and out.nfe == 3
+    # labels: proposal == y at every block slot, decoded or not (step 2: slot 1 now proposes 3, slot 2 proposes 13)
+    assert label.tolist() == [[1, 0, 1, 1], [1, 1, 0, 1], [1, 1, 0, 1]]
+    assert conf[:, 1].tolist() == pytest.approx([0.6, 0.95, 0.95], abs=1e-6)
+    assert conf[:, 2].tolist() == pytest.approx([0.4, 0.45, 0.45], abs=1e-6)
+    # recording leaves the policy's decode unchanged
+    plain = dlm_decode.generate(trap_model(), [[3, 4]], sampler="learned_filter", sampler_options={"filter": str(flt)},
+                                steps=4, **kw)  # fmt: skip
+    assert plain.rows[0].generated_ids == out.rows[0].generated_ids and plain.nfe == out.nfe
+    # the oracle never sees slot 2 after a wrong slot 1: its records differ
+    _, orc, (_, olabel) = oracle_generate(trap_model(), [[3, 4]], record=True, **kw)
+    assert orc.rows[0].generated_ids == [2, 3, 4, 5]
+    assert olabel.tolist() == [[1, 0, 1, 1], [1, 1, 1, 1]]
+    # until_wrong: the step that commits the wrong 12 is kept, the steps after it are not; the decode is the same
+    _, cut, (_, ulabel) = data.policy_generate(trap_model(), [[3, 4]], policy=str(flt), until_wrong=True, **kw)
+    assert cut.rows[0].generated_ids == [2, 12, 13, 5] and ulabel.tolist() == [[1, 0, 1, 1]]
+
+
+def test_policy_records_of_a_filter_that_accepts_nothing_are_one_token_per_step(tmp_path):
+    data = _recipe("oracle_data")
+    flt = threshold_filter(tmp_path / "never", 4, 2.0)
+    ref, out, (conf, label) = data.policy_generate(chain_model(8), [[3, 4], [3, 4]], policy=str(flt), gen_length=8,
+                                                   block_length=4)  # fmt: skip
+    assert (
+        [r.generated_ids for r in out.rows] == [r.generated_ids for r in ref.rows] == [[truth(i) for i in range(8)]] * 2
+    )
+    assert out.nfe == 8 and conf.shape == (16, 4)  # one record per row and step
+    per_step = [[1, 0, 1, 0], [1, 1, 1, 0], [1, 1, 1, 0], [1, 1, 1, 1]]  # odd slots right once their left one is in
+    assert label.tolist() == [row for s in per_step for row in (s, s)] * 2
+
+
+def test_policy_records_batch_rows_independently(llada, tmp_path):
+    data = _recipe("oracle_data")
+    flt = threshold_filter(tmp_path / "flt", 8, 0.5)
+    prompts = [[5, 9, 17, 3, 40, 22], [7, 2, 33]]
+    _, batch, (conf, label) = data.policy_generate(llada, prompts, policy=str(flt), gen_length=16, block_length=8)
+    nfe = [r.nfe for r in batch.rows]
+    assert nfe[0] != nfe[1]  # the rows finish at different steps
+    assert conf.shape[0] == sum(nfe)  # a row is recorded only at the steps it takes part in
+    total = 0.0
+    for i, p in enumerate(prompts):
+        _, alone, (_, lab) = data.policy_generate(llada, [p], policy=str(flt), gen_length=16, block_length=8)
+        assert alone.rows[0].generated_ids == batch.rows[i].generated_ids and alone.rows[0].nfe == batch.rows[i].nfe
+        total += float(lab.sum())
+    assert float(label.sum()) == total
+
+
+def test_policy_option_refuses_bad_filters_before_decoding(llada_dir, tmp_path):
+    data = _recipe("oracle_data")
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"prompt": "w5 w9"}) + "\n")
+    argv = ["--model", str(llada_dir), "--data", str(prompts), "--block-length", "8", "--out", str(tmp_path / "r")]
+    with pytest.raises(ValueError, match="learned filter not found"):
+        data.main([*argv, "--policy", str(tmp_path / "missing.safetensors")])
+    flt = threshold_filter(tmp_path / "b4", 4, 0.5)
+    with pytest.raises(ValueError, match="trained for block length 4, but decoding uses block length 8"):
+        data.main([*argv, "--policy", str(flt)])
+    for flag in ("--policy-eotp", "--policy-until-wrong"):
+        with pytest.raises(SystemExit):
+            data.main([*argv, flag])  # without --policy
+    assert not (tmp_path / "r.safetensors").exists()
+
+
+def _records(path: Path, n: int, block: int, **meta) -> str:
+    from safetensors.torch import save_file
+
+    g = torch.Generator().manual_seed(n)
+    conf = torch.rand(n, block, generator=g)
+    save_file({"conf": conf, "label": (conf > 0.5).float()}, str(path.with_suffix(".safetensors")))
+    path.with_suffix(".json").write_text(json.dumps({"records": n, **meta}))
+    return str(path)
+
+
+def test_train_filter_on_several_record_files(tmp_path):
+    fit = _recipe("train_filter")
+    a = _records(tmp_path / "a", 40, 8, model_sha256="s", model="m")
+    b = _records(tmp_path / "b", 30, 8, model_sha256="s", policy="f0.safetensors", policy_eotp=False)
+    one = fit.main(["--data", a, "--out", str(tmp_path / "f1"), "--epochs", "5"])
+    assert one["records"] == 40 and "sources" not in filter_config(one["filter"])["data"]
+    both = fit.main(["--data", a, "--data", b, "--out", str(tmp_path / "f2"), "--epochs", "5"])
+    cfg = filter_config(both["filter"])["data"]
+    assert both["records"] == cfg["records"] == 70 and cfg["model_sha256"] == "s"
+    assert [s["records"] for s in cfg["sources"]] == [40, 30] and cfg["sources"][1]["policy"] == "f0.safetensors"
+    c = _records(tmp_path / "c", 30, 4, model_sha256="s")
+    with pytest.raises(ValueError, match="block length mismatch"):
+        fit.main(["--data", a, c, "--out", str(tmp_path / "f3")])
+    d = _records(tmp_path / "d", 30, 8, model_sha256="other")
+    with pytest.raises(ValueError, match="other model weights"):
+        fit.main(["--data", a, d, "--out", str(tmp_path / "f3")])
+    with pytest.raises(ValueError, match="not found"):
+        fit.main(["--data", a, str(tmp_path / "nope"), "--out", str(tmp_path / "f3")])
+    assert not (tmp_path / "f3.safetensors").exists()
+
+
+def test_rounds_loop_writes_every_round(tok_dir, tmp_path):
+    data, fit, rounds = _recipe("oracle_data"), _recipe("train_filter"), _recipe("rounds")
+    prompts = tmp_path / "prompts.jsonl"
+    words = ["w5 w9 w17", "w7 w2", "w11 w30 w8 w19", "w6 w12", "w20 w21 w22", "w9 w9"]
+    prompts.write_text("\n".join(json.dumps({"prompt": p}) for p in words))
+    common = ["--model", str(tok_dir), "--data", str(prompts), "--gen-length", "16", "--block-length", "8"]
+    work = tmp_path / "work"
+    res = rounds.main(
+        [*common, "--rounds", "1", "--epochs", "20", "--work", str(work), "--out", str(tmp_path / "last")]
+    )
+    for name in ("records_0", "filter_0", "records_1", "filter_1"):
+        assert (work / f"{name}.safetensors").is_file() and (work / f"{name}.json").is_file()
+    rec1 = json.loads((work / "records_1.json").read_text())
+    assert rec1["policy"] == str(work / "filter_0.safetensors") and rec1["records"] == rec1["policy_nfe"] > 0
+    assert "policy" not in json.loads((work / "records_0.json").read_text())
+    cfg = filter_config(work / "filter_1.safetensors")["data"]
+    assert [s["path"] for s in cfg["sources"]] == [str(work / "records_0"), str(work / "records_1")]
+    assert cfg["records"] == res["per_round"][1]["records_total"] == res["per_round"][0]["records"] + rec1["records"]
+    assert (tmp_path / "last.safetensors").read_bytes() == (work / "filter_1.safetensors").read_bytes()
+    # round 0 is the plain recipe
+    data.main([*common, "--out", str(tmp_path / "plain")])
+    fit.main(["--data", str(tmp_path / "plain"), "--out", str(tmp_path / "plain_f"), "--epochs", "20"])
+    assert (tmp_path / "plain.safetensors").read_bytes() == (work / "records_0.safetensors").read_bytes()
+    assert (tmp_path / "plain_f.safetensors").read_bytes() == (work / "filter_0.safetensors").read_bytes()

@@ -2,7 +2,8 @@
 # Retrain and ship the Learn2PD filter of a demo model (run after the demo model's weights change):
 #   bash recipes/learn2pd/ship_demo.sh [demo-llada] [prompts=1200]
 # Oracle records on a seeded subset of the demo training data, filter training, then a held-out check whose numbers
-# go into the shipped json. About 15-30 minutes on a 2-core CPU.
+# go into the shipped json. About 15-30 minutes on a 2-core CPU. On-policy rounds (rounds.py) are not used: on
+# demo-llada they did not raise the held-out same-text share and cost more forwards (README.md, "On-policy rounds").
 set -euo pipefail
 MODEL="${1:-demo-llada}"
 LIMIT="${2:-1200}"

@@ -9,6 +9,11 @@ shuffled 80/10/10 train / validation / test split; the weights with the lowest v
 minutes on a CPU. Writes ``<out>.safetensors`` and ``<out>.json`` (config plus training statistics: losses, and at
 the decoding threshold the acceptance rate and the precision of accepted slots on the test split). Prints one JSON
 line last.
+
+Several ``--data`` (an extension, for ``oracle_data.py --policy`` records; Learn2PD trains on one oracle set): the
+records are concatenated in the order given and split as one set; they must share the block length and the model
+weights they were collected from. The filter's json then also lists every source (``data.sources``). One ``--data``
+trains exactly as before.
 """
 
 from __future__ import annotations
@@ -82,18 +87,52 @@ def evaluate(model: FilterMLP, conf: torch.Tensor, label: torch.Tensor, accept: 
     }
 
 
+def load_records(paths: list[str | Path]) -> tuple[torch.Tensor, torch.Tensor, list[dict]]:
+    """``conf``, ``label`` of every record file (path without suffix) concatenated, and each file's json (or {}).
+    Refuses files without both tensors, tensors of other shapes, and files of other block lengths or weights."""
+    confs, labels, metas = [], [], []
+    for p in map(Path, paths):
+        f = p.with_suffix(".safetensors")
+        if not f.is_file():
+            raise ValueError(f"{p}: records {f} not found (oracle_data.py --out {p} writes them)")
+        rec = load_file(str(f))
+        if set(rec) != {"conf", "label"} or rec["conf"].dim() != 2 or rec["conf"].shape != rec["label"].shape:
+            shapes = {k: tuple(v.shape) for k, v in rec.items()}
+            raise ValueError(f"{f}: not oracle_data.py records (conf and label of one [N, block] shape): {shapes}")
+        if confs and rec["conf"].shape[1] != confs[0].shape[1]:
+            raise ValueError(
+                f"block length mismatch: {f} has records of block {rec['conf'].shape[1]}, "
+                f"{paths[0]} of block {confs[0].shape[1]}"
+            )
+        meta = json.loads(p.with_suffix(".json").read_text()) if p.with_suffix(".json").is_file() else {}
+        shas = {m.get("model_sha256") for m in metas} | {meta.get("model_sha256")}
+        if len(shas - {None}) > 1:
+            raise ValueError(f"{p}: records come from other model weights than {paths[0]} (model_sha256 differs)")
+        confs.append(rec["conf"])
+        labels.append(rec["label"])
+        metas.append(meta)
+    if len(confs) == 1:  # one source: the tensors as stored
+        return confs[0], labels[0], metas
+    return torch.cat(confs), torch.cat(labels), metas
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--data", required=True, help="oracle records (path without suffix, from oracle_data.py)")
+    ap.add_argument(
+        "--data",
+        required=True,
+        action="extend",
+        nargs="+",
+        help="records (path without suffix, from oracle_data.py); several: trained on their union",
+    )
     ap.add_argument("--out", required=True, help="filter path without suffix")
     ap.add_argument("--epochs", type=int, default=2000)
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--accept", type=float, default=0.96, help="decoding threshold for the reported statistics")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
-    data = Path(args.data)
-    rec = load_file(str(data.with_suffix(".safetensors")))
-    conf, label = rec["conf"], rec["label"]
+    conf, label, metas = load_records(args.data)
+    data = args.data[0] if len(args.data) == 1 else " + ".join(args.data)
     if conf.shape[0] < 10:
         raise ValueError(f"{data}: only {conf.shape[0]} records; generate more oracle data")
     tr, va, te = split(conf.shape[0], args.seed)
@@ -111,13 +150,15 @@ def main(argv: list[str] | None = None) -> dict:
         "val_loss_best": min(hist["val_loss"]),
         "test": evaluate(model, conf[te], label[te], args.accept),
     }
-    meta = json.loads(data.with_suffix(".json").read_text()) if data.with_suffix(".json").is_file() else {}
-    path = save_filter(
-        model,
-        args.out,
-        training=stats,
-        data={k: meta.get(k) for k in ("model", "model_sha256", "data", "split", "records")},
-    )
+    meta = metas[0]
+    data_meta = {k: meta.get(k) for k in ("model", "model_sha256", "data", "split", "records")}
+    if len(metas) > 1:
+        data_meta["records"] = int(conf.shape[0])
+        data_meta["sources"] = [
+            {"path": str(p)} | {k: m.get(k) for k in ("records", "policy", "policy_eotp")}
+            for p, m in zip(args.data, metas, strict=True)
+        ]
+    path = save_filter(model, args.out, training=stats, data=data_meta)
     stats["filter"] = str(path)
     print(json.dumps(stats))
     return stats
