@@ -22,7 +22,10 @@ equal the baseline's, and ratios to the baseline (speed-up in tokens/s, NFE, tok
 Peak memory: on CUDA ``torch.cuda.max_memory_allocated`` during the call minus the allocation before it; on CPU the
 peak resident set size (``/proc/self/statm``, polled every millisecond by a thread) during the call minus the RSS
 just before it, after ``malloc_trim(0)`` returned freed heap pages to the OS (glibc). Model weights are not counted.
-Fixed-budget samplers other than the baseline run ``--k`` tokens per step (default 1). A pair that does not apply to
+``--compile [MODE]``: every pair decodes with ``torch.compile``d layer pieces (``dlm_decode/models/compiled.py``),
+compiled during the warm-up passes; to compare with eager in one run, use ``--versus-reference --compile``, which
+times the compiled and the eager ``generate`` interleaved. Fixed-budget samplers other than the baseline run ``--k``
+tokens per step (default 1). A pair that does not apply to
 the model (an option it lacks, a sampler that needs a trained filter) is reported as skipped with the reason.
 The last line printed is one JSON object.
 """
@@ -49,6 +52,7 @@ import versus_reference  # noqa: E402
 
 import dlm_decode  # noqa: E402
 from dlm_decode.cache import CACHES  # noqa: E402
+from dlm_decode.models.compiled import MODES, set_compile  # noqa: E402
 from dlm_decode.options import parse_kv  # noqa: E402
 from dlm_decode.parallelbench.metrics import score_sample  # noqa: E402
 from dlm_decode.parallelbench.runner import load_tasks, render_table  # noqa: E402
@@ -92,6 +96,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     p.add_argument(
+        "--compile",
+        nargs="?",
+        const="default",
+        default=None,
+        choices=MODES,
+        help="torch.compile the layers' pieces (dlm_decode/models/compiled.py; MODE default: 'default'): every pair "
+        "runs compiled, compiling in the warm-up passes; with --versus-reference a third side, interleaved with "
+        "the eager one",
+    )
+    p.add_argument(
         "--quick",
         action="store_true",
         help=f"4 prompts, gen 32, 1 repeat; samplers {QUICK_SAMPLERS}, caches {QUICK_CACHES} unless given",
@@ -104,6 +118,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.caches = args.caches or QUICK_CACHES
     if args.repeats < 1 or args.warmup < 0 or args.prompts < 1 or args.batch_size < 1 or args.vr_steps < 1:
         p.error("--repeats, --prompts, --batch-size and --vr-steps must be >= 1 and --warmup >= 0")
+    if args.compile and args.warmup < 1:
+        p.error("--compile needs --warmup >= 1 (compiling happens there, untimed)")
     if args.versus_reference and args.dtype != "float32":
         p.error("--versus-reference compares token identity in float32 only")
     if not args.versus_reference:
@@ -256,6 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     chats = [t.messages(j) for t, j in picked]
     samples = [(t.config, t.samples[j]) for t, j in picked]
     model, tok = dlm_decode.load_model(args.model, dtype=args.dtype, device=args.device)
+    pieces = set_compile(model, args.compile)
     if tok is None:
         raise SystemExit(f"{args.model} ships no tokenizer: the benchmark decodes chat prompts")
     common = {"gen_length": args.gen_length, "block_length": args.block_length, "temperature": 0.0, "seed": 0}
@@ -296,6 +313,8 @@ def main(argv: list[str] | None = None) -> int:
                 "device": str(device),
                 "dtype": args.dtype,
                 "torch_threads": torch.get_num_threads(),
+                "compile": args.compile,
+                "compile_error": getattr(pieces, "error", None),
                 "tasks": names,
                 "prompts": len(chats),
                 "gen_length": args.gen_length,

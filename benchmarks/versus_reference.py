@@ -30,6 +30,13 @@ request checks and output building; CUDA is synchronised). Per row: NFE of each 
 calls of its forward), tokens/s of each side (median over repeats), whether the tokens are identical, and the ratio
 ours / reference; per configuration the ``threshold+dual`` / ``threshold`` tokens/s ratio of each side. The last line
 printed is one JSON object, with the torch thread count.
+
+``--compile [MODE]`` adds a third side, ``dlm_decode.generate(compile=MODE)`` (``dlm_decode/models/compiled.py``),
+interleaved with the other two in every repeat (the order rotates); per row its tokens/s, whether its tokens and NFE
+equal the eager side's, and compiled / eager tokens/s, by wall-clock and by the process's CPU time (steadier where
+other jobs load the machine). Compiling happens in the warm-up passes (at least one is needed), outside the timed
+repeats; the JSON reports dynamo's compile seconds (``_compile.compile_inner``, summed), the graphs compiled, and each
+configuration's first-pass seconds of every side.
 """
 
 from __future__ import annotations
@@ -54,6 +61,7 @@ from reference_cached_generate import dual_cache_generate, llada_cached_forward,
 from reference_generate import fastdllm_generate, llada_generate  # noqa: E402
 
 import dlm_decode  # noqa: E402
+from dlm_decode.models.compiled import resolve_mode  # noqa: E402
 from dlm_decode.parallelbench.runner import render_table  # noqa: E402
 
 PROMPT_LENGTH, BLOCK_LENGTH, THRESHOLD = 64, 32, 0.9
@@ -164,8 +172,10 @@ def run_reference(
     return x, fwd.calls
 
 
-def run_ours(model: Any, row: Row, prompt: torch.Tensor, gen: int, steps: int) -> tuple[torch.Tensor, int]:
-    """(tokens [B, T], NFE) of ``dlm_decode.generate`` for the same algorithm."""
+def run_ours(
+    model: Any, row: Row, prompt: torch.Tensor, gen: int, steps: int, compile: bool | str = False
+) -> tuple[torch.Tensor, int]:
+    """(tokens [B, T], NFE) of ``dlm_decode.generate`` for the same algorithm (``compile``: its option)."""
     out = dlm_decode.generate(
         model,
         prompt,
@@ -176,18 +186,35 @@ def run_ours(model: Any, row: Row, prompt: torch.Tensor, gen: int, steps: int) -
         block_length=BLOCK_LENGTH,
         steps=steps if row.fixed else None,
         temperature=0.0,
+        compile=compile,
     )
     return out.sequences, out.nfe
 
 
-def timed(fn: Callable[[], tuple[torch.Tensor, int]], cuda: bool) -> tuple[float, torch.Tensor, int]:
+def timed(fn: Callable[[], tuple[torch.Tensor, int]], cuda: bool) -> tuple[float, float, torch.Tensor, int]:
+    """(wall seconds, this process's CPU seconds, tokens, NFE) of one call."""
     if cuda:
         torch.cuda.synchronize()
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     x, nfe = fn()
     if cuda:
         torch.cuda.synchronize()
-    return time.perf_counter() - start, x.cpu(), nfe
+    return time.perf_counter() - start, time.process_time() - cpu, x.cpu(), nfe
+
+
+def _compile_seconds() -> float | None:
+    """Seconds dynamo has spent compiling in this process (its own metric; None where it keeps none)."""
+    try:
+        from torch._dynamo.utils import compilation_time_metrics
+    except ImportError:
+        return None
+    return sum(compilation_time_metrics.get("_compile.compile_inner", []))
+
+
+def _graphs() -> int:
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
 
 
 def main(args: argparse.Namespace) -> dict[str, Any]:
@@ -195,26 +222,53 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
     if args.threads:
         torch.set_num_threads(args.threads)
     configs = parse_configs(args.vr_configs)
+    compile = getattr(args, "compile", None)
+    if compile and args.warmup < 1:
+        raise SystemExit("--compile needs --warmup >= 1: compiling happens in the warm-up passes, untimed")
     model, described = load(args)
     cuda = next(model.parameters()).is_cuda
     sides = [("reference", functools.partial(run_reference, model, reference_forward(model)))]
     sides.append(("ours", functools.partial(run_ours, model)))
+    if compile:
+        sides.append(("compiled", functools.partial(run_ours, model, compile=compile)))
+    names = [side for side, _ in sides]
     cases = [(gen, batch, row) for gen, batch in configs for row in ROWS]
-    times: dict[int, dict[str, list[float]]] = {i: {"reference": [], "ours": []} for i in range(len(cases))}
+    times: dict[int, dict[str, list[float]]] = {i: {side: [] for side in names} for i in range(len(cases))}
+    cpu_times: dict[int, dict[str, list[float]]] = {i: {side: [] for side in names} for i in range(len(cases))}
+    first: dict[int, dict[str, float]] = {i: {} for i in range(len(cases))}
     seen: dict[int, dict[str, Any]] = {}
+    compile_start, graphs_start = (_compile_seconds(), _graphs()) if compile else (None, 0)
     for rep in range(args.warmup + args.repeats):
         print(f"versus reference: pass {rep + 1}/{args.warmup + args.repeats}", file=sys.stderr)
         for i, (gen, batch, row) in enumerate(cases):
             prompt, steps = prompts(model, batch, args.seed), fixed_steps(gen, args.vr_steps)
-            for side, fn in sides if rep % 2 == 0 else sides[::-1]:
-                seconds, x, nfe = timed(functools.partial(fn, row, prompt, gen, steps), cuda)
+            for side, fn in sides[rep % len(sides) :] + sides[: rep % len(sides)]:  # the order rotates per pass
+                seconds, cpu, x, nfe = timed(functools.partial(fn, row, prompt, gen, steps), cuda)
                 seen.setdefault(i, {})[side] = (x, nfe)
+                first[i].setdefault(side, seconds)
                 if rep >= args.warmup:
                     times[i][side].append(seconds)
+                    cpu_times[i][side].append(cpu)
     results = []
     for i, (gen, batch, row) in enumerate(cases):
         (ref_x, ref_nfe), (our_x, our_nfe) = seen[i]["reference"], seen[i]["ours"]
-        tps = {side: gen * batch / statistics.median(times[i][side]) for side in ("reference", "ours")}
+        tps = {side: gen * batch / statistics.median(times[i][side]) for side in names}
+        extra: dict[str, Any] = {}
+        if compile:
+            com_x, com_nfe = seen[i]["compiled"]
+            extra = {
+                "nfe_compiled": com_nfe,
+                "tokens_per_s_compiled": tps["compiled"],
+                "seconds_compiled": times[i]["compiled"],
+                "compiled_identical_to_ours": bool(torch.equal(com_x, our_x)) and com_nfe == our_nfe,
+                "compiled_over_ours": tps["compiled"] / tps["ours"],
+                "cpu_seconds_ours": cpu_times[i]["ours"],
+                "cpu_seconds_compiled": cpu_times[i]["compiled"],
+                # CPU time of the process: steadier than wall-clock on a machine other jobs load
+                "compiled_over_ours_cpu": statistics.median(cpu_times[i]["ours"])
+                / statistics.median(cpu_times[i]["compiled"]),
+                "first_pass_seconds": first[i],
+            }
         results.append(
             {
                 "gen_length": gen,
@@ -232,6 +286,7 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
                 "identical": bool(torch.equal(ref_x, our_x)) and ref_nfe == our_nfe,
                 "speedup": tps["ours"] / tps["reference"],
             }
+            | extra
         )
     dual_over_none = []
     for gen, batch in configs:
@@ -246,6 +301,18 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
             }
         )
     print(format_table(results, dual_over_none))
+    compiled: dict[str, Any] = {}
+    if compile:
+        pieces = model.__dict__.get("_compiled_layers", {}).get(resolve_mode(compile))
+        spent = _compile_seconds()
+        compiled = {
+            "compile": resolve_mode(compile),
+            "compile_error": None if pieces is None else pieces.error,
+            "compile_seconds": None if spent is None else spent - compile_start,
+            "compiled_graphs": _graphs() - graphs_start,
+            "compiled_all_identical": all(r["compiled_identical_to_ours"] for r in results),
+        }
+        print(format_compiled(results, compiled))
     return {
         "bench": "speed_versus_reference",
         "model": described,
@@ -264,7 +331,33 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
         "all_identical": all(r["identical"] for r in results),
         "results": results,
         "threshold_dual_over_threshold": dual_over_none,
-    }
+    } | compiled
+
+
+def format_compiled(results: list[dict[str, Any]], compiled: dict[str, Any]) -> str:
+    head = ["gen x batch", "row", "NFE", "tok/s eager", "tok/s compiled", "x eager", "x eager (CPU s)", "same tokens"]
+    body = [
+        [
+            f"{r['gen_length']}x{r['batch']}",
+            r["row"],
+            str(r["nfe_compiled"]),
+            f"{r['tokens_per_s_ours']:.1f}",
+            f"{r['tokens_per_s_compiled']:.1f}",
+            f"{r['compiled_over_ours']:.2f}",
+            f"{r['compiled_over_ours_cpu']:.2f}",
+            "yes" if r["compiled_identical_to_ours"] else "NO",
+        ]
+        for r in results
+    ]
+    spent = compiled["compile_seconds"]
+    lines = [
+        f"compile={compiled['compile']}: dlm_decode.generate compiled / eager (both timed after the warm-up passes)",
+        render_table(head, body),
+        f"compiling: {'-' if spent is None else f'{spent:.1f}'} s in the warm-up passes, "
+        f"{compiled['compiled_graphs']} graphs"
+        + (f"; FAILED, ran eagerly: {compiled['compile_error']}" if compiled["compile_error"] else ""),
+    ]
+    return "\n".join(lines)
 
 
 def format_table(results: list[dict[str, Any]], dual_over_none: list[dict[str, Any]]) -> str:

@@ -2,7 +2,7 @@
 
 dlm-decode generate MODEL [PROMPT ...] [--input-ids 1,2,3 ...] [--chat] --sampler NAME [--sampler-opt K=V ...]
     --cache NAME [--cache-opt K=V ...] --gen-length N --block-length N --steps N --temperature T --seed S
-    --dtype float32|bfloat16|float16 [--json]
+    --dtype float32|bfloat16|float16 [--compile [MODE]] [--json]
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import dlm_decode
 from dlm_decode.cache import CACHES, get_cache
 from dlm_decode.core.inputs import encode_prompts
 from dlm_decode.decode import check_request
+from dlm_decode.models.compiled import MODES
 from dlm_decode.models.loading import check_device, load_tokenizer, model_facts
 from dlm_decode.options import parse_kv
 from dlm_decode.samplers import SAMPLERS, get_sampler
@@ -92,6 +93,21 @@ def add_decoding_args(p: argparse.ArgumentParser, *, gen_length: int | None = 12
     g.add_argument("--device", default="cpu")
 
 
+def add_compile_arg(p: argparse.ArgumentParser) -> None:
+    """``--compile [MODE]``: ``torch.compile`` the layers' pieces (``dlm_decode/models/compiled.py``)."""
+    p.add_argument(
+        "--compile",
+        nargs="?",
+        const="default",
+        default=None,
+        choices=MODES,
+        metavar="MODE",
+        help="torch.compile the layers' elementwise pieces (inductor; MODE: " + ", ".join(MODES) + ", default "
+        "'default'); eager with one warning if compiling fails. Compiling takes seconds to minutes on first use, "
+        "counted in the first decode's time; see README 'Compiled forward' for when it pays",
+    )
+
+
 def decoding_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     """Parsed flags -> keyword arguments of ``dlm_decode.generate`` (validated there)."""
     options = parse_kv(args.sampler_opt)
@@ -140,6 +156,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chat", action="store_true", help="wrap each text prompt as a user turn of the chat template")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     add_decoding_args(p)
+    add_compile_arg(p)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -162,7 +179,7 @@ def run(args: argparse.Namespace) -> int:
     ids = encode_prompts(rows, tok, args.chat)
     check_request(facts, ids, **kw)
     model, _ = dlm_decode.load_model(args.model, dtype=args.dtype, device=args.device, tokenizer=False)
-    out = dlm_decode.generate(model, ids, tokenizer=tok, **kw)
+    out = dlm_decode.generate(model, ids, tokenizer=tok, compile=args.compile, **kw)
     if args.json:
         print(json.dumps(out.to_json()))
     else:

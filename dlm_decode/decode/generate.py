@@ -8,6 +8,10 @@ left (each block runs ``step`` until no row has a MASK in it). Every block has a
 ``max_block_steps``): at the last allowed step every remaining mask of the block is committed with its proposal, so
 the loop always ends and never leaves a MASK. A row whose logits turn non-finite is stopped with an error message;
 the other rows go on.
+
+``compile=True`` (or a mode, ``models.compiled.MODES``) runs the layers' elementwise pieces through ``torch.compile``
+for this call, falling back to eager with one warning when compiling fails; None keeps the model's own setting
+(``models.compiled.set_compile``, default eager). See ``models/compiled.py`` for what is compiled and when it pays.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from dlm_decode.decode.loop import open_rows, run_block
 from dlm_decode.decode.output import GenerateOutput, build_output
 from dlm_decode.decode.prepare import prepare
 from dlm_decode.decode.request import check_request
+from dlm_decode.models.compiled import resolve_mode, using
 from dlm_decode.samplers import Sampler
 
 
@@ -42,13 +47,17 @@ def generate(
     config: DecodeConfig | None = None,
     trace: bool = False,
     progress: bool = False,
+    compile: bool | str | None = None,
     **config_kwargs: Any,
 ) -> GenerateOutput:
     """Decode a batch. ``prompts``: texts, chats, token-id lists, or a [B, P] tensor of ids (no padding).
 
     Decoding options (``gen_length``, ``block_length``, ``steps``, ``temperature``, ``top_p``, ``top_k``, ``seed``,
-    ``stop_at_eos``, ``cfg_scale``) come as keywords or as a ``DecodeConfig``.
+    ``stop_at_eos``, ``cfg_scale``) come as keywords or as a ``DecodeConfig``. ``compile``: True or a
+    ``torch.compile`` mode compiles the layers' pieces (``models.compiled``), False decodes eagerly, None (default)
+    follows ``models.compiled.set_compile`` (eager unless set); the tokens are the eager path's.
     """
+    resolve_mode(compile)  # a bad mode fails before any work
     rows = encode_prompts(prompts, tokenizer, chat)
     options = dict(sampler_options=sampler_options, cache=cache, cache_options=cache_options, config=config)
     req = check_request(ModelFacts.of_model(model), rows, sampler=sampler, **options, **config_kwargs)
@@ -56,8 +65,9 @@ def generate(
     name = f"{req.sampler.name}/{req.cache.name}"
     bar = tqdm(total=len(rows) * req.config.gen_length, desc=name, leave=False) if progress else None
     start = time.perf_counter()
-    while (todo := open_rows(state)) is not None:
-        run_block(model, state, req.sampler, req.cache, store, todo, bar)
+    with using(model, compile):
+        while (todo := open_rows(state)) is not None:
+            run_block(model, state, req.sampler, req.cache, store, todo, bar)
     if bar is not None:
         bar.close()
     seconds = time.perf_counter() - start

@@ -17,7 +17,7 @@ or the ``read`` subset a sampler asks for).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from torch import nn
@@ -81,30 +81,53 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, full_preci
     return x * cos + rotate_half(x) * sin
 
 
-def self_attention(
-    x: torch.Tensor,  # [B, Q, d]
-    proj: tuple[nn.Linear, nn.Linear, nn.Linear, nn.Linear],  # q, k, v, out
-    shape: tuple[int, int, int],  # n_heads, n_kv_heads, head_dim
-    rope: tuple[torch.Tensor, torch.Tensor, bool],  # cos, sin [B, 1, Q, hd], rotate in fp32?
+class Layer(Protocol):
+    """What ``layer_input`` / ``layer_output`` read from a transformer layer (LLaDA's and Dream's blocks)."""
+
+    shape: tuple[int, int, int]  # n_heads, n_kv_heads, head_dim
+    rope_fp32: bool  # rotate in fp32 (LLaDA) or in the model dtype (Dream / HF)
+
+    def norm_attention(self, h: torch.Tensor) -> torch.Tensor: ...
+    def projections(self) -> tuple[nn.Linear, nn.Linear, nn.Linear, nn.Linear]: ...  # q, k, v, out
+    def norm_mlp(self, h: torch.Tensor) -> torch.Tensor: ...
+    def feed_forward(self, m: torch.Tensor) -> torch.Tensor: ...
+
+
+def layer_input(
+    block: Layer,
+    h: torch.Tensor,  # [B, Q, d]
+    cos: torch.Tensor,  # [B, 1, Q, hd]
+    sin: torch.Tensor,
+    rows: Index | None = None,  # query rows wanted (``take_rows``); None: all
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # q [B, H, N, hd], k and v [B, Hk, Q, hd]
+    """The attention's inputs: norm, projections, RoPE. K/V for every row of ``h``, queries for ``rows`` alone.
+    No side effects (``compiled`` relies on it: a failed compile re-runs it eagerly)."""
+    n_heads, n_kv, hd = block.shape
+    proj = block.projections()
+    x = block.norm_attention(h)
+    b, q_len, _ = x.shape
+    k = proj[1](x).view(b, q_len, n_kv, hd).transpose(1, 2)  # [B, Hk, Q, hd]
+    v = proj[2](x).view(b, q_len, n_kv, hd).transpose(1, 2)
+    k = apply_rope(k, cos, sin, block.rope_fp32)
+    x, cos, sin = take_rows(x, rows), take_rows(cos, rows, 2), take_rows(sin, rows, 2)
+    n_q = x.shape[1]
+    q = proj[0](x).view(b, n_q, n_heads, hd).transpose(1, 2)  # [B, H, N, hd]
+    q = apply_rope(q, cos, sin, block.rope_fp32)
+    return q, k, v
+
+
+def attend(
+    q: torch.Tensor,  # [B, H, N, hd]
+    k: torch.Tensor,  # [B, Hk, Q, hd] of the computed slots
+    v: torch.Tensor,
     layer: int,
     store: KVStore | None,
     slots: Index | None,
     key_mask: torch.Tensor | None,  # [B, S] bool, True = visible key ([B, W] with key_index)
     key_index: torch.Tensor | slice | None,  # [B, W] slots of the keys to gather, or one run shared by all rows
-    rows: Index | None = None,  # query rows whose output is wanted (``take_rows``); None: all
-) -> torch.Tensor:  # [B, Q, d] ([B, N, d] with rows)
-    """Bidirectional attention with GQA and RoPE; K/V of the computed slots go through ``store`` when given. With
-    ``rows``, K/V come from every row of ``x`` but only those rows are queried."""
-    n_heads, n_kv, hd = shape
-    cos, sin, rope_fp32 = rope
-    b, q_len, _ = x.shape
-    k = proj[1](x).view(b, q_len, n_kv, hd).transpose(1, 2)  # [B, Hk, Q, hd]
-    v = proj[2](x).view(b, q_len, n_kv, hd).transpose(1, 2)
-    k = apply_rope(k, cos, sin, rope_fp32)
-    x, cos, sin = take_rows(x, rows), take_rows(cos, rows, 2), take_rows(sin, rows, 2)
-    n_q = x.shape[1]
-    q = proj[0](x).view(b, n_q, n_heads, hd).transpose(1, 2)  # [B, H, N, hd]
-    q = apply_rope(q, cos, sin, rope_fp32)
+) -> torch.Tensor:  # [B, N, H * hd]
+    """Bidirectional attention with GQA, heads concatenated; K/V of the computed slots go through ``store`` when
+    given (always eager: the store is written in place, and on CUDA the attention is the Triton kernel)."""
     if store is not None:  # attend over the store's batch (rows a forward leaves out: zero queries, see KVStore)
         store.write(layer, slots, k, v)
         k, v = store.keys(layer), store.values(layer)  # [B of the store, Hk, S, hd]
@@ -115,7 +138,55 @@ def self_attention(
     out = masked_attention(q, k, v, key_mask=key_mask, key_index=key_index)  # [B, H, N, hd]
     if store is not None:
         out = store.own_rows(out)
-    return proj[3](out.transpose(1, 2).reshape(b, n_q, n_heads * hd))
+    b, n_heads, n_q, hd = out.shape
+    return out.transpose(1, 2).reshape(b, n_q, n_heads * hd)
+
+
+def layer_output(
+    block: Layer,
+    attn: torch.Tensor,  # [B, N, H * hd] from ``attend``
+    h: torch.Tensor,  # [B, Q, d] the layer's input
+    rows: Index | None = None,
+) -> torch.Tensor:  # [B, N, d]
+    """Output projection, residual, norm, MLP, residual, for the query ``rows`` of ``h``. No side effects."""
+    h = take_rows(h, rows) + block.projections()[3](attn)
+    return h + block.feed_forward(block.norm_mlp(h))
+
+
+class EagerLayers:
+    """The layer pieces as plain PyTorch (the default; ``compiled.CompiledLayers`` has the same interface)."""
+
+    mode: str | None = None
+
+    def input(self, block: Layer, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rows: Index | None):
+        return layer_input(block, h, cos, sin, rows)
+
+    def output(self, block: Layer, attn: torch.Tensor, h: torch.Tensor, rows: Index | None) -> torch.Tensor:
+        return layer_output(block, attn, h, rows)
+
+
+EAGER = EagerLayers()
+
+
+def layer_forward(
+    block: Layer,
+    h: torch.Tensor,  # [B, Q, d]
+    cos: torch.Tensor,  # [B, 1, Q, hd]
+    sin: torch.Tensor,
+    layer: int,
+    store: KVStore | None,
+    slots: Index | None,
+    key_mask: torch.Tensor | None,
+    key_index: torch.Tensor | slice | None,
+    rows: Index | None = None,  # query rows whose output is wanted (``take_rows``); None: all
+    pieces: EagerLayers = EAGER,
+) -> torch.Tensor:  # [B, Q, d] ([B, N, d] with rows)
+    """One pre-norm transformer layer: ``layer_input``, ``attend``, ``layer_output``. ``pieces`` runs the first and
+    the last, eagerly or compiled (``compiled.CompiledLayers``); the attention and the store always run eagerly.
+    With ``rows``, K/V come from every row of ``h`` but only those rows are queried and go through the MLP."""
+    q, k, v = pieces.input(block, h, cos, sin, rows)
+    attn = attend(q, k, v, layer, store, slots, key_mask, key_index)
+    return pieces.output(block, attn, h, rows)
 
 
 class DiffusionLMMixin:
@@ -126,6 +197,9 @@ class DiffusionLMMixin:
     """
 
     logit_shift: int = 0
+    #: how the layers run their pieces (``common.EAGER``, or ``compiled.CompiledLayers`` set by
+    #: ``compiled.set_compile`` or for one ``generate(compile=...)`` call)
+    layer_pieces: EagerLayers = EAGER
 
     def _init_weights(self, module: nn.Module) -> None:
         """transformers' weight init for fresh models (LLaDA and Dream alike): normal(0.02) linears and embeddings,

@@ -24,7 +24,7 @@ from torch import nn
 from transformers import PretrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import MaskedLMOutput
 
-from dlm_decode.models.common import DiffusionLMMixin, RMSNorm, rope_cos_sin, self_attention, take_rows
+from dlm_decode.models.common import EAGER, DiffusionLMMixin, RMSNorm, layer_forward, rope_cos_sin
 
 #: config.json keys the reference ``diffusion_generate`` takes as sampling defaults (``DreamGenerationConfig`` fields)
 REFERENCE_SAMPLING_KEYS = ("temperature", "top_p", "top_k", "alg_temp", "eps")
@@ -128,24 +128,26 @@ class DreamLayer(nn.Module):
         self.self_attn = DreamAttention(cfg)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = DreamMLP(cfg)
+        self.shape = self.self_attn.shape
+        self.rope_fp32 = False  # HF Qwen2: fp32 tables cast to the model dtype, rotation in the model dtype
 
-    def forward(self, h, cos, sin, layer, store, slots, key_mask, key_index, rows=None):  # h [B, Q, d]
-        """[B, Q, d], or [B, N, d] for the query ``rows`` only (``common.take_rows``; K/V from every row)."""
+    # the ``common.Layer`` interface
+    def norm_attention(self, h: torch.Tensor) -> torch.Tensor:
+        return self.input_layernorm(h)
+
+    def projections(self) -> tuple[nn.Linear, nn.Linear, nn.Linear, nn.Linear]:
         a = self.self_attn
-        proj = (a.q_proj, a.k_proj, a.v_proj, a.o_proj)
-        h = take_rows(h, rows) + self_attention(
-            self.input_layernorm(h),
-            proj,
-            a.shape,
-            (cos, sin, False),
-            layer,
-            store,
-            slots,
-            key_mask,
-            key_index,
-            rows,
-        )
-        return h + self.mlp(self.post_attention_layernorm(h))
+        return a.q_proj, a.k_proj, a.v_proj, a.o_proj
+
+    def norm_mlp(self, h: torch.Tensor) -> torch.Tensor:
+        return self.post_attention_layernorm(h)
+
+    def feed_forward(self, m: torch.Tensor) -> torch.Tensor:
+        return self.mlp(m)
+
+    def forward(self, h, cos, sin, layer, store, slots, key_mask, key_index, rows=None, pieces=EAGER):  # h [B, Q, d]
+        """[B, Q, d], or [B, N, d] for the query ``rows`` only (``common.take_rows``; K/V from every row)."""
+        return layer_forward(self, h, cos, sin, layer, store, slots, key_mask, key_index, rows, pieces)
 
 
 class DreamBaseModel(nn.Module):
@@ -194,8 +196,9 @@ class DreamModel(DiffusionLMMixin, PreTrainedModel):
         cos, sin = rope_cos_sin(positions, c.hidden_size // c.num_attention_heads, c.rope_theta)
         h = self.model.embed_tokens(input_ids)
         last = len(self.model.layers) - 1
+        pieces = self.layer_pieces
         for i, layer in enumerate(self.model.layers):
-            h = layer(h, cos, sin, i, store, slots, key_mask, key_index, rows if i == last else None)
+            h = layer(h, cos, sin, i, store, slots, key_mask, key_index, rows if i == last else None, pieces)
         return self.model.norm(h)
 
     def output_logits(self, hidden: torch.Tensor) -> torch.Tensor:

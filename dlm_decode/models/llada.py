@@ -14,7 +14,7 @@ from torch import nn
 from transformers import PretrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import MaskedLMOutput
 
-from dlm_decode.models.common import DiffusionLMMixin, RMSNorm, rope_cos_sin, self_attention, take_rows
+from dlm_decode.models.common import EAGER, DiffusionLMMixin, RMSNorm, layer_forward, rope_cos_sin
 
 
 class LLaDAConfig(PretrainedConfig):
@@ -111,24 +111,22 @@ class LLaDABlock(nn.Module):
         self.shape = (cfg.n_heads, cfg.n_kv_heads, hd)
         self.rope_fp32 = cfg.rope_full_precision
 
-    def forward(self, h, cos, sin, layer, store, slots, key_mask, key_index, rows=None):  # h [B, Q, d]
+    # the ``common.Layer`` interface
+    def norm_attention(self, h: torch.Tensor) -> torch.Tensor:
+        return self.attn_norm(h)
+
+    def projections(self) -> tuple[nn.Linear, nn.Linear, nn.Linear, nn.Linear]:
+        return self.q_proj, self.k_proj, self.v_proj, self.attn_out
+
+    def norm_mlp(self, h: torch.Tensor) -> torch.Tensor:
+        return self.ff_norm(h)
+
+    def feed_forward(self, m: torch.Tensor) -> torch.Tensor:
+        return self.ff_out(nn.functional.silu(self.ff_proj(m)) * self.up_proj(m))
+
+    def forward(self, h, cos, sin, layer, store, slots, key_mask, key_index, rows=None, pieces=EAGER):  # h [B, Q, d]
         """[B, Q, d], or [B, N, d] for the query ``rows`` only (``common.take_rows``; K/V from every row)."""
-        proj = (self.q_proj, self.k_proj, self.v_proj, self.attn_out)
-        a = self_attention(
-            self.attn_norm(h),
-            proj,
-            self.shape,
-            (cos, sin, self.rope_fp32),
-            layer,
-            store,
-            slots,
-            key_mask,
-            key_index,
-            rows,
-        )
-        h = take_rows(h, rows) + a
-        m = self.ff_norm(h)
-        return h + self.ff_out(nn.functional.silu(self.ff_proj(m)) * self.up_proj(m))
+        return layer_forward(self, h, cos, sin, layer, store, slots, key_mask, key_index, rows, pieces)
 
 
 class LLaDAModel(nn.Module):
@@ -175,8 +173,9 @@ class LLaDAModelLM(DiffusionLMMixin, PreTrainedModel):
         cos, sin = rope_cos_sin(positions, self.config.d_model // self.config.n_heads, self.config.rope_theta)
         h = t.wte(input_ids)
         last = len(t.blocks) - 1
+        pieces = self.layer_pieces
         for i, block in enumerate(t.blocks):
-            h = block(h, cos, sin, i, store, slots, key_mask, key_index, rows if i == last else None)
+            h = block(h, cos, sin, i, store, slots, key_mask, key_index, rows if i == last else None, pieces)
         return t.ln_f(h)
 
     def output_logits(self, hidden: torch.Tensor) -> torch.Tensor:

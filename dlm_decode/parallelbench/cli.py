@@ -5,6 +5,7 @@
     dlm-decode parallelbench --model demo-llada --generate-seed 5 --limit 20            # regenerated tasks
     dlm-decode parallelbench --model demo-llada --data DIR --sweep quick --out runs/pb.jsonl   # + PBx and plots
     dlm-decode parallelbench --plot runs/pb.jsonl                                         # redraw the plots only
+    dlm-decode parallelbench --model demo-llada --generate-seed 5 --cache dual --compile   # torch.compile'd layers
 
 The decoding flags are ``generate``'s (same parser); ``--gen-length`` defaults to each task's budget. ``--json`` prints
 one JSON object last: ``{"tasks": [{"task", "n", "score", "score_strict", "nfe", "tokens_per_step", "seconds",
@@ -13,7 +14,9 @@ one JSON object last: ``{"tasks": [{"task", "n", "score", "score_strict", "nfe",
 A progress bar per task (per (config, task) run in sweeps) goes to stderr. Timings are taken with ``--threads``
 torch threads (default 1, as in ``demo``: on a busy 2-core machine torch's default ran 24x slower), recorded as
 ``threads`` in every result. Ctrl-C stops at once (exit 130): the task being decoded is dropped, the finished ones
-are printed (a sweep's rows are already in its JSONL, and a rerun resumes there).
+are printed (a sweep's rows are already in its JSONL, and a rerun resumes there). ``--compile`` runs every decode
+with ``torch.compile``d layer pieces (``dlm_decode/models/compiled.py``); compiling happens in the first task's
+decodes and counts in its seconds; the JSON (and a sweep's rows) record ``compile``.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import json
 import sys
 from typing import Any
 
-from dlm_decode.cli import add_decoding_args, check_components, decoding_kwargs
+from dlm_decode.cli import add_compile_arg, add_decoding_args, check_components, decoding_kwargs
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -46,6 +49,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--plot", default=None, metavar="JSONL", help="only (re)draw the plots of a sweep file")
     g.add_argument("--plot-task", default=None, help="task of the decoding-order heatmap (default: a copy task)")
     add_decoding_args(p, gen_length=None)
+    add_compile_arg(p)
 
 
 def _notice(msg: str) -> None:
@@ -66,7 +70,12 @@ def _load(args: argparse.Namespace):
     import dlm_decode
 
     def load():
-        return dlm_decode.load_model(args.model, dtype=args.dtype, device=args.device)
+        model, tok = dlm_decode.load_model(args.model, dtype=args.dtype, device=args.device)
+        if args.compile:
+            from dlm_decode.models.compiled import set_compile
+
+            set_compile(model, args.compile)
+        return model, tok
 
     return load
 
@@ -149,6 +158,7 @@ def _report(args: argparse.Namespace, kw: dict[str, Any], results, interrupted: 
                     "model": str(args.model),
                     "source": _source(args),
                     "decoding": {k: v for k, v in kw.items()},
+                    "compile": args.compile,
                     "tasks": [r.to_json(outputs=args.outputs) for r in done],
                     "skipped": {r.task: r.skipped for r in results if r.skipped},
                     "summary": summarize(results),
@@ -189,6 +199,8 @@ def _run_sweep(args: argparse.Namespace, kw: dict[str, Any], tasks) -> int:
     configs = expand_grid(load_grid(args.sweep), base)
     _check_before_loading(args, base, tasks)
     meta = {"model": str(args.model), "source": _source(args), "limit": args.limit}
+    if args.compile:
+        meta["compile"] = args.compile
     try:
         rows = run_sweep(
             _load(args),
