@@ -52,7 +52,8 @@ import versus_reference  # noqa: E402
 
 import dlm_decode  # noqa: E402
 from dlm_decode.cache import CACHES  # noqa: E402
-from dlm_decode.models.compiled import MODES, set_compile  # noqa: E402
+from dlm_decode.cli import add_compile_arg  # noqa: E402
+from dlm_decode.models.compiled import set_compile  # noqa: E402
 from dlm_decode.options import parse_kv  # noqa: E402
 from dlm_decode.parallelbench.metrics import score_sample  # noqa: E402
 from dlm_decode.parallelbench.runner import load_tasks, render_table  # noqa: E402
@@ -95,15 +96,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
-    p.add_argument(
-        "--compile",
-        nargs="?",
-        const="default",
-        default=None,
-        choices=MODES,
-        help="torch.compile the layers' pieces (dlm_decode/models/compiled.py; MODE default: 'default'): every pair "
-        "runs compiled, compiling in the warm-up passes; with --versus-reference a third side, interleaved with "
-        "the eager one",
+    add_compile_arg(
+        p,
+        "; here every pair runs compiled, compiling in the warm-up passes; with --versus-reference a third side, "
+        "interleaved with the eager one",
     )
     p.add_argument(
         "--quick",

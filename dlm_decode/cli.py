@@ -93,8 +93,9 @@ def add_decoding_args(p: argparse.ArgumentParser, *, gen_length: int | None = 12
     g.add_argument("--device", default="cpu")
 
 
-def add_compile_arg(p: argparse.ArgumentParser) -> None:
-    """``--compile [MODE]``: ``torch.compile`` the layers' pieces (``dlm_decode/models/compiled.py``)."""
+def add_compile_arg(p: argparse.ArgumentParser, extra_help: str = "") -> None:
+    """``--compile [MODE]``: ``torch.compile`` the layers' pieces (``dlm_decode/models/compiled.py``); ``extra_help``
+    is appended to the flag's help (what the command does with it)."""
     p.add_argument(
         "--compile",
         nargs="?",
@@ -104,7 +105,7 @@ def add_compile_arg(p: argparse.ArgumentParser) -> None:
         metavar="MODE",
         help="torch.compile the layers' elementwise pieces (inductor; MODE: " + ", ".join(MODES) + ", default "
         "'default'); eager with one warning if compiling fails. Compiling takes seconds to minutes on first use, "
-        "counted in the first decode's time; see README 'Compiled forward' for when it pays",
+        "counted in the first decode's time; see README 'Compiled forward' for when it pays" + extra_help,
     )
 
 
