@@ -507,6 +507,45 @@ def test_teacher_forced_probe_scores_known_models():
     assert probe.teacher_forced(_Peek(row, shift=1), [(prompt, answer)], 0, {2}) == 1.0
 
 
+def test_teacher_forced_parts_split_first_names_from_last_names():
+    probe = _load("probe")
+    prompt, answer = [1, 7, 8, 9, 10], [7, 8, 9, 10, 2]  # two names: 7 8 and 9 10; 8 and 10 continue a word
+    row = torch.tensor(prompt + answer)
+
+    class _FirstOnly(_Peek):  # right on first names, the unigram guess 3 on every last name
+        def forward(self, x):
+            out = super().forward(x)
+            for col in (len(prompt) + 1, len(prompt) + 3):
+                out.logits[:, col] = 0.0
+                out.logits[:, col, 3] = 1.0
+            return out
+
+    parts = probe.teacher_forced_parts(_FirstOnly(row), [(prompt, answer)], 0, {2}, continuation={8, 10})
+    assert parts == {"all": 0.5, "first": 1.0, "rest": 0.0}
+    assert probe.teacher_forced_parts(_Peek(row), [(prompt, answer)], 0, {2}, {8, 10}) == {
+        "all": 1.0,
+        "first": 1.0,
+        "rest": 1.0,
+    }
+    assert probe.teacher_forced_parts(_Peek(row), [(prompt, answer)], 0, {2}, set())["rest"] is None
+
+
+def test_full_rows_are_the_official_prompt_rows(tok, mini_pb):
+    probe, stream_mod = _load("probe"), _load("stream")
+    from dlm_decode.parallelbench.tasks import build_messages
+
+    stream = stream_mod.RowStream(mini_pb, tok, seed=0)
+    samples = stream.samples("waiting_line/copy", 2, seed=3)
+    rows = probe.full_rows(stream, "waiting_line/copy", samples, seed=0)
+    for (prompt, answer), sample in zip(rows, samples, strict=True):
+        text = tok.apply_chat_template(
+            build_messages(stream.configs["waiting_line/copy"], sample), add_generation_prompt=True, tokenize=False
+        )
+        assert prompt == tok(text, add_special_tokens=False)["input_ids"] and len(answer) == 32
+        eot = tok.convert_tokens_to_ids("<|eot_id|>")
+        assert tok.decode(answer[: answer.index(eot)]) == sample["answer"]  # copy: the answer is the list
+
+
 def test_plot_curves_draws_probe_logs_and_names_a_missing_log(tmp_path):
     pytest.importorskip("matplotlib")
     run = tmp_path / "run"

@@ -19,7 +19,9 @@ answer, and the plain probe then reads a collapse that is not there (measured 20
 prompts do).
 
 ``--full N`` also scores N fresh-seed samples per task with the official prompt (``build_messages``, ICL turn) the
-way ``evaluate.py`` scores the official files (one token per step, ``scoring.score_task``).
+way ``evaluate.py`` scores the official files (one token per step, ``scoring.score_task``), and reads ``full_tf``:
+teacher-forced retrieval on those official-format rows, overall and split into word-initial tokens (first names)
+and ``Ġ`` continuations (last names).
 """
 
 from __future__ import annotations
@@ -42,16 +44,18 @@ from stream import TASKS, Mix, RowStream, eval_items, heldout, official_keys  # 
 import dlm_decode  # noqa: E402
 from dlm_decode.parallelbench.generator import random_answer  # noqa: E402
 from dlm_decode.parallelbench.metrics import score_sample  # noqa: E402
-from dlm_decode.parallelbench.tasks import max_new_tokens  # noqa: E402
+from dlm_decode.parallelbench.tasks import build_messages, max_new_tokens  # noqa: E402
 
 # tokens that carry structure, not content: a probe on them would measure the format, not retrieval
 STRUCTURE = ('["', '"]', '",\u0120"', "\u010a", "<|eot_id|>", "<|endoftext|>", ",")
 
 
 @torch.no_grad()
-def teacher_forced(model: Any, rows: Sequence[tuple[list[int], list[int]]], mask_id: int, skip: set[int]) -> float:
-    """Share of content answer tokens predicted right (argmax) with only that token masked."""
-    right = total = 0
+def teacher_forced_hits(
+    model: Any, rows: Sequence[tuple[list[int], list[int]]], mask_id: int, skip: set[int]
+) -> list[tuple[int, bool]]:
+    """(token id, predicted right?) for every content answer token, each masked alone (argmax read)."""
+    hits: list[tuple[int, bool]] = []
     for prompt, answer in rows:
         ids = torch.tensor([prompt + answer])  # [1, T]
         cols = [len(prompt) + j for j, t in enumerate(answer) if t not in skip]
@@ -61,9 +65,41 @@ def teacher_forced(model: Any, rows: Sequence[tuple[list[int], list[int]]], mask
         x[torch.arange(len(cols)), cols] = mask_id
         shift = getattr(model, "logit_shift", 0)  # Dream scores slot i from the logits at i - 1
         pred = model(x).logits[torch.arange(len(cols)), [c - shift for c in cols]].argmax(-1)  # [C]
-        right += int((pred == ids[0, cols]).sum())
-        total += len(cols)
-    return right / max(total, 1)
+        right = (pred == ids[0, cols]).tolist()
+        hits += [(int(t), bool(ok)) for t, ok in zip(ids[0, cols].tolist(), right, strict=True)]
+    return hits
+
+
+def teacher_forced(model: Any, rows: Sequence[tuple[list[int], list[int]]], mask_id: int, skip: set[int]) -> float:
+    """Share of content answer tokens predicted right (argmax) with only that token masked."""
+    hits = teacher_forced_hits(model, rows, mask_id, skip)
+    return sum(ok for _, ok in hits) / max(len(hits), 1)
+
+
+def teacher_forced_parts(
+    model: Any, rows: Sequence[tuple[list[int], list[int]]], mask_id: int, skip: set[int], continuation: set[int]
+) -> dict[str, float]:
+    """``teacher_forced`` overall, on word-initial tokens (a first name) and on ``continuation`` tokens (a last name,
+    ``Ġ``-prefixed). A model that retrieves one part and guesses the other shows it here (measured 2026-11-24:
+    Dream on the official prompts got the first names and missed every last name)."""
+    hits = teacher_forced_hits(model, rows, mask_id, skip)
+    rest = [ok for t, ok in hits if t in continuation]
+    first = [ok for t, ok in hits if t not in continuation]
+    return {"all": _share([ok for _, ok in hits]), "first": _share(first), "rest": _share(rest)}
+
+
+def _share(flags: Sequence[bool]) -> float | None:
+    return round(sum(flags) / len(flags), 3) if flags else None
+
+
+def full_rows(stream: RowStream, task: str, samples: Sequence[dict], seed: int) -> list[tuple[list[int], list[int]]]:
+    """Official-format rows (``build_messages``, the ICL turn, EOS-padded response) of ``samples``, as the full
+    stages train on them; a random-output task answers with one drawn valid answer."""
+    rng = random.Random(seed)
+    return [
+        stream.encode(build_messages(stream.configs[task], s), random_answer(task, s, rng), max_new_tokens(task))
+        for s in samples
+    ]
 
 
 def greedy_exact(
@@ -145,6 +181,13 @@ def main(argv: list[str] | None = None) -> dict:
         samples = heldout(args.parallelbench, args.seed, args.full, official_keys(args.parallelbench))
         items = eval_items({t: samples[t] for t in args.tasks}, args.parallelbench, short=False)
         result["full"] = {t: round(score_task(model, tok, t, *item)["score"], 1) for t, item in items.items()}
+        continuation = {i for t, i in tok.get_vocab().items() if t.startswith("\u0120")}
+        result["full_tf"] = {
+            t: teacher_forced_parts(
+                model, full_rows(stream, t, samples[t], args.seed), model.mask_token_id, skip, continuation
+            )
+            for t in args.tasks
+        }
     result["seconds"] = round(time.perf_counter() - start, 1)
     print(json.dumps(result), flush=True)
     return result
