@@ -27,6 +27,25 @@ from dlm_decode.core.state import DecodeState
 from dlm_decode.samplers.base import Sampler, Selection, candidates
 
 
+def check_reference(who: str, reference: tuple[tuple[int, ...], ...], gen_length: int) -> None:
+    """Every row's reference answer is there and has ``gen_length`` tokens (checked before any forward)."""
+    if not reference:
+        raise ValueError(f"{who}: needs the reference answer of every row (see oracle_generate)")
+    bad = [i for i, r in enumerate(reference) if len(r) != gen_length]
+    if bad:
+        raise ValueError(f"{who}: reference rows {bad} do not have gen_length ({gen_length}) tokens")
+
+
+def reference_canvas(who: str, reference: tuple[tuple[int, ...], ...], state: DecodeState) -> torch.Tensor:
+    """[B, T] canvas holding each row's reference answer after the prompt (MASK over the prompt), to compare a step's
+    proposals with."""
+    if len(reference) != state.batch:
+        raise ValueError(f"{who}: {len(reference)} reference rows for a batch of {state.batch}")
+    y = torch.full_like(state.canvas, state.mask_id)
+    y[:, state.prompt_len :] = torch.tensor(reference, dtype=torch.long, device=state.device)
+    return y
+
+
 @dataclass(frozen=True)
 class Oracle(Sampler):
     reference: tuple[tuple[int, ...], ...] = ()  # per row, the gen_length reference tokens
@@ -36,11 +55,7 @@ class Oracle(Sampler):
     commits_every_step: ClassVar[bool] = False
 
     def check(self, config, num_blocks: int) -> None:
-        if not self.reference:
-            raise ValueError(f"{self.name}: needs the reference answer of every row (see oracle_generate)")
-        bad = [i for i, r in enumerate(self.reference) if len(r) != config.gen_length]
-        if bad:
-            raise ValueError(f"{self.name}: reference rows {bad} do not have gen_length ({config.gen_length}) tokens")
+        check_reference(self.name, self.reference, config.gen_length)
 
     def max_block_steps(self, state: DecodeState) -> int:
         return 2 * int((state.block_end - state.block_start).max())
@@ -48,11 +63,7 @@ class Oracle(Sampler):
     def begin_block(self, state: DecodeState) -> None:
         mem = state.scratch.setdefault(self.name, {"conf": [], "label": []})
         if "y" not in mem:
-            if len(self.reference) != state.batch:
-                raise ValueError(f"{self.name}: {len(self.reference)} reference rows for a batch of {state.batch}")
-            y = torch.full_like(state.canvas, state.mask_id)
-            y[:, state.prompt_len :] = torch.tensor(self.reference, dtype=torch.long, device=state.device)
-            mem["y"] = y  # [B, T]
+            mem["y"] = reference_canvas(self.name, self.reference, state)  # [B, T]
         mem["prev"] = None
 
     def select(self, state: DecodeState, logits: torch.Tensor, r0: int) -> Selection:

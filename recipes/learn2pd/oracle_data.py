@@ -41,6 +41,7 @@ import dlm_decode
 from dlm_decode.decode.oracle import oracle_generate
 from dlm_decode.samplers.base import candidates
 from dlm_decode.samplers.learned_filter import LearnedFilter, filter_config, load_filter
+from dlm_decode.samplers.oracle import check_reference, reference_canvas
 
 
 def model_sha256(name_or_path: str) -> str | None:
@@ -104,19 +105,13 @@ class FilterRecorder(LearnedFilter):
         super().check(config, num_blocks)
         if self.filter is None:
             raise ValueError("FilterRecorder: needs a filter (the policy whose trajectory is recorded)")
-        bad = [i for i, r in enumerate(self.reference) if len(r) != config.gen_length]
-        if not self.reference or bad:
-            raise ValueError(f"FilterRecorder: reference rows {bad} missing or not gen_length ({config.gen_length})")
+        check_reference("FilterRecorder", self.reference, config.gen_length)
 
     def begin_block(self, state) -> None:
         super().begin_block(state)
         mem = state.scratch.setdefault(f"{self.name}/records", {"conf": [], "label": []})
         if "y" not in mem:
-            if len(self.reference) != state.batch:
-                raise ValueError(f"FilterRecorder: {len(self.reference)} reference rows for a batch of {state.batch}")
-            y = torch.full_like(state.canvas, state.mask_id)
-            y[:, state.prompt_len :] = torch.tensor(self.reference, dtype=torch.long, device=state.device)
-            mem["y"] = y  # [B, T]
+            mem["y"] = reference_canvas("FilterRecorder", self.reference, state)  # [B, T]
 
     def proposals(self, state, logits):
         x0, conf = super().proposals(state, logits)
@@ -207,8 +202,8 @@ def collect(
     return conf, label, stats
 
 
-def main(argv: list[str] | None = None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def add_decode_args(ap: argparse.ArgumentParser) -> None:
+    """The model, prompt and decoding flags of a record collection (this script and ``rounds.py``)."""
     ap.add_argument("--model", required=True, help="checkpoint directory or demo name (demo-llada)")
     ap.add_argument("--data", required=True, help="save_to_disk directory or jsonl of prompts")
     ap.add_argument("--split", default="train")
@@ -218,6 +213,11 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--block-length", type=int, default=32)
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--threads", type=int, default=None)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_decode_args(ap)
     ap.add_argument("--out", required=True, help="output path without suffix")
     ap.add_argument(
         "--policy",

@@ -28,15 +28,7 @@ import train_filter  # noqa: E402
 
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--model", required=True, help="checkpoint directory or demo name (demo-llada)")
-    ap.add_argument("--data", required=True, help="save_to_disk directory or jsonl of prompts")
-    ap.add_argument("--split", default="train")
-    ap.add_argument("--limit", type=int, default=None)
-    ap.add_argument("--seed", type=int, default=0, help="prompt subset (as oracle_data.py); the same every round")
-    ap.add_argument("--gen-length", type=int, default=32)
-    ap.add_argument("--block-length", type=int, default=32)
-    ap.add_argument("--batch-size", type=int, default=8)
-    ap.add_argument("--threads", type=int, default=None)
+    oracle_data.add_decode_args(ap)  # passed to every round's oracle_data.py (the same prompt subset each round)
     ap.add_argument("--rounds", type=int, default=1, help="on-policy rounds after the oracle round (0: none)")
     ap.add_argument("--policy-eotp", action="store_true", help="on-policy decodes with EoTP on")
     ap.add_argument(
