@@ -70,3 +70,18 @@ def table_model(confs: list[float], tokens: list[int] | None = None, vocab: int 
         return out
 
     return ScriptedModel(fn, vocab=vocab)
+
+
+def step_filter(path, n: int, cut: float = 0.5) -> str:
+    """A hand-set Learn2PD filter over blocks of ``n``: logit_i = 100 * (relu(conf_i) - cut), so sigmoid > 0.96 (the
+    sampler's default ``accept``) iff conf_i > cut + 0.0318. Saved at ``path`` (no suffix); returns the
+    .safetensors path as a string, as ``sampler_options={"filter": ...}`` takes it."""
+    from dlm_decode.samplers.learned_filter import FilterMLP, save_filter
+
+    f = FilterMLP(n)
+    with torch.no_grad():
+        f.net[0].weight.copy_(torch.eye(n))
+        f.net[0].bias.zero_()
+        f.net[2].weight.copy_(100 * torch.eye(n))
+        f.net[2].bias.fill_(-100 * cut)
+    return str(save_filter(f, path))

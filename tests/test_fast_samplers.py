@@ -7,7 +7,7 @@ import math
 
 import pytest
 import torch
-from fake import ScriptedModel, peaked, table_model
+from fake import ScriptedModel, peaked, step_filter, table_model
 from reference_generate import fastdllm_generate
 
 import dlm_decode
@@ -15,7 +15,6 @@ from dlm_decode.samplers import get_sampler
 from dlm_decode.samplers.adaptive_block import delimiter_ids_from_tokenizer
 from dlm_decode.samplers.entropy_threshold import entropy
 from dlm_decode.samplers.factor import factor_counts
-from dlm_decode.samplers.learned_filter import FilterMLP, save_filter
 from dlm_decode.samplers.presets import PRESETS, get_preset
 
 V, MASK, EOS = 16, 15, 1
@@ -371,17 +370,6 @@ def test_delimiter_ids_from_tokenizer():
 
 
 # --- Learn2PD filter and EoTP --------------------------------------------------------------------------------------
-
-
-def step_filter(path, n: int, cut: float = 0.5):
-    """A hand-set filter: logit_i = 100 * (relu(conf_i) - cut), so sigmoid > 0.96 iff conf_i > cut + 0.0318."""
-    f = FilterMLP(n)
-    with torch.no_grad():
-        f.net[0].weight.copy_(torch.eye(n))
-        f.net[0].bias.zero_()
-        f.net[2].weight.copy_(100 * torch.eye(n))
-        f.net[2].bias.fill_(-100 * cut)
-    return str(save_filter(f, path))
 
 
 def test_learned_filter_commits_accepted_plus_scheduled(tmp_path):

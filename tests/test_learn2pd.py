@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from fake import ScriptedModel, peaked
+from fake import ScriptedModel, peaked, step_filter
 
 import dlm_decode
 from dlm_decode.decode.oracle import oracle_generate
@@ -164,17 +164,6 @@ def test_shipped_demo_filter_matches_the_shipped_model(name):
 # on-policy records (oracle_data.py --policy, train_filter.py with several --data, rounds.py): an extension
 
 
-def threshold_filter(path: Path, block: int, at: float) -> Path:
-    """A hand-set filter: sigmoid(100 * (conf - at)) > 0.96, i.e. it accepts a slot iff its conf > at + 0.032."""
-    f = FilterMLP(block)
-    with torch.no_grad():
-        f.net[0].weight.copy_(torch.eye(block))
-        f.net[0].bias.zero_()
-        f.net[2].weight.copy_(100 * torch.eye(block))
-        f.net[2].bias.fill_(-100 * at)
-    return save_filter(f, path)
-
-
 def trap_model(prompt_len: int = 2):
     """One block of 4. Slot 0: 2 (0.9). Slot 1: 12 (0.6) while slot 0 is masked, then 3 (0.95). Slot 2: 4 (0.4)
     while slot 1 is masked, 4 (0.8) after slot 1 = 3, 13 (0.45) after any other slot-1 token. Slot 3: 5 (0.2).
@@ -198,9 +187,9 @@ def trap_model(prompt_len: int = 2):
 
 def test_policy_records_follow_the_filters_own_trajectory(tmp_path):
     data = _recipe("oracle_data")
-    flt = threshold_filter(tmp_path / "flt", 4, 0.5)
+    flt = step_filter(tmp_path / "flt", 4, 0.5)
     kw = dict(gen_length=4, block_length=4)
-    ref, out, (conf, label) = data.policy_generate(trap_model(), [[3, 4]], policy=str(flt), **kw)
+    ref, out, (conf, label) = data.policy_generate(trap_model(), [[3, 4]], policy=flt, **kw)
     assert ref.rows[0].generated_ids == [2, 3, 4, 5]  # y
     # step 1 commits 2 and the wrong 12 (accepted), step 2 the top-1 masked slot (13, after 12), step 3 slot 3
     assert out.rows[0].generated_ids == [2, 12, 13, 5] and out.nfe == 3
@@ -209,7 +198,7 @@ def test_policy_records_follow_the_filters_own_trajectory(tmp_path):
     assert conf[:, 1].tolist() == pytest.approx([0.6, 0.95, 0.95], abs=1e-6)
     assert conf[:, 2].tolist() == pytest.approx([0.4, 0.45, 0.45], abs=1e-6)
     # recording leaves the policy's decode unchanged
-    plain = dlm_decode.generate(trap_model(), [[3, 4]], sampler="learned_filter", sampler_options={"filter": str(flt)},
+    plain = dlm_decode.generate(trap_model(), [[3, 4]], sampler="learned_filter", sampler_options={"filter": flt},
                                 steps=4, **kw)  # fmt: skip
     assert plain.rows[0].generated_ids == out.rows[0].generated_ids and plain.nfe == out.nfe
     # the oracle never sees slot 2 after a wrong slot 1: its records differ
@@ -217,14 +206,14 @@ def test_policy_records_follow_the_filters_own_trajectory(tmp_path):
     assert orc.rows[0].generated_ids == [2, 3, 4, 5]
     assert olabel.tolist() == [[1, 0, 1, 1], [1, 1, 1, 1]]
     # until_wrong: the step that commits the wrong 12 is kept, the steps after it are not; the decode is the same
-    _, cut, (_, ulabel) = data.policy_generate(trap_model(), [[3, 4]], policy=str(flt), until_wrong=True, **kw)
+    _, cut, (_, ulabel) = data.policy_generate(trap_model(), [[3, 4]], policy=flt, until_wrong=True, **kw)
     assert cut.rows[0].generated_ids == [2, 12, 13, 5] and ulabel.tolist() == [[1, 0, 1, 1]]
 
 
 def test_policy_records_of_a_filter_that_accepts_nothing_are_one_token_per_step(tmp_path):
     data = _recipe("oracle_data")
-    flt = threshold_filter(tmp_path / "never", 4, 2.0)
-    ref, out, (conf, label) = data.policy_generate(chain_model(8), [[3, 4], [3, 4]], policy=str(flt), gen_length=8,
+    flt = step_filter(tmp_path / "never", 4, 2.0)
+    ref, out, (conf, label) = data.policy_generate(chain_model(8), [[3, 4], [3, 4]], policy=flt, gen_length=8,
                                                    block_length=4)  # fmt: skip
     assert (
         [r.generated_ids for r in out.rows] == [r.generated_ids for r in ref.rows] == [[truth(i) for i in range(8)]] * 2
@@ -236,15 +225,15 @@ def test_policy_records_of_a_filter_that_accepts_nothing_are_one_token_per_step(
 
 def test_policy_records_batch_rows_independently(llada, tmp_path):
     data = _recipe("oracle_data")
-    flt = threshold_filter(tmp_path / "flt", 8, 0.5)
+    flt = step_filter(tmp_path / "flt", 8, 0.5)
     prompts = [[5, 9, 17, 3, 40, 22], [7, 2, 33]]
-    _, batch, (conf, label) = data.policy_generate(llada, prompts, policy=str(flt), gen_length=16, block_length=8)
+    _, batch, (conf, label) = data.policy_generate(llada, prompts, policy=flt, gen_length=16, block_length=8)
     nfe = [r.nfe for r in batch.rows]
     assert nfe[0] != nfe[1]  # the rows finish at different steps
     assert conf.shape[0] == sum(nfe)  # a row is recorded only at the steps it takes part in
     total = 0.0
     for i, p in enumerate(prompts):
-        _, alone, (_, lab) = data.policy_generate(llada, [p], policy=str(flt), gen_length=16, block_length=8)
+        _, alone, (_, lab) = data.policy_generate(llada, [p], policy=flt, gen_length=16, block_length=8)
         assert alone.rows[0].generated_ids == batch.rows[i].generated_ids and alone.rows[0].nfe == batch.rows[i].nfe
         total += float(lab.sum())
     assert float(label.sum()) == total
@@ -257,9 +246,9 @@ def test_policy_option_refuses_bad_filters_before_decoding(llada_dir, tmp_path):
     argv = ["--model", str(llada_dir), "--data", str(prompts), "--block-length", "8", "--out", str(tmp_path / "r")]
     with pytest.raises(ValueError, match="learned filter not found"):
         data.main([*argv, "--policy", str(tmp_path / "missing.safetensors")])
-    flt = threshold_filter(tmp_path / "b4", 4, 0.5)
+    flt = step_filter(tmp_path / "b4", 4, 0.5)
     with pytest.raises(ValueError, match="trained for block length 4, but decoding uses block length 8"):
-        data.main([*argv, "--policy", str(flt)])
+        data.main([*argv, "--policy", flt])
     for flag in ("--policy-eotp", "--policy-until-wrong"):
         with pytest.raises(SystemExit):
             data.main([*argv, flag])  # without --policy
