@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -617,3 +618,35 @@ def test_probe_scores_random_output_rows_by_validity(tok, mini_pb):
         assert score_sample("waiting_line/shuffle", text, sample)["score"] == 1.0
         original = tok.decode(tok(sample["input"]["context"], add_special_tokens=False)["input_ids"])
         assert score_sample("waiting_line/shuffle", original, sample)["score"] < 1.0  # the unshuffled list is wrong
+
+
+def test_find_rows_ask_for_last_names_by_first_name(mini_pb, tok):
+    import random
+
+    st = _load("stream")
+    tr = _load("train")
+    sample = {"input": {"context": '["Ann Lee", "Bo Kim", "Ann Fox", "Cy Day"]'}}
+    seen = set()
+    for seed in range(40):
+        query, answer = st.lookup_query(sample, random.Random(seed))
+        # only people whose first name is unique in the list are asked for, each once, answered in the query's order
+        assert answer and len(set(answer)) == len(answer) and set(answer) <= {"Bo Kim", "Cy Day"}
+        assert query == [a.split(" ")[0] for a in answer]
+        seen.add(tuple(answer))
+    assert ("Cy Day", "Bo Kim") in seen and ("Bo Kim", "Cy Day") in seen and ("Bo Kim",) in seen
+    stream = st.RowStream(mini_pb, tok, seed=0)
+    rows = stream.rows(4, st.Mix(batch=12, short_share=0.5, tasks=(st.LOOKUP,), bare=True, pad=True))
+    assert {label for _, _, label in rows} == {"short/aux/find", "full/aux/find"}
+    eot = tok.convert_tokens_to_ids("<|eot_id|>")
+    for prompt, resp, label in rows:
+        text = tok.decode(prompt)
+        answer = tok.decode(resp[: resp.index(eot)])
+        lists = [m for m in re.finditer(r"\[[^\]]*\]", text)]
+        at = text.index("find ") + 5
+        query = json.loads(next(m.group() for m in lists if m.start() == at))
+        people = json.loads([m.group() for m in lists if m.start() != at][-1])
+        # the answer is the queried first names completed from the list, and the full row is the official copy chat
+        assert json.loads(answer) == [next(p for p in people if p.split(" ")[0] == q) for q in query], text
+        assert len(resp) == 32 and ("<|start_header_id|>" in text) == label.startswith("full/")
+    assert tr.parse_stages("short[find+copy]:3")[0].tasks == (st.LOOKUP, "waiting_line/copy")
+    assert tr.parse_weights("find=3") == {st.LOOKUP: 3.0}

@@ -17,6 +17,11 @@ that are functions of (run seed, step), so every batch is reproducible and a res
   In-context retrieval (find the list in the prompt, write it back transformed) forms on these rows within a few
   hundred steps at batch >= 128, where the full prompts (115-240 tokens) sat on a loss plateau for thousands.
 * **full rows**: the official prompt exactly as ``build_messages`` builds it (ICL turn included).
+* **find rows** (``aux/find``, training only, when a stage names ``find``): ``find ["Cy", "Ann"] ["Ann Lee", "Bo
+  Kim", "Cy Fox"]`` -> ``["Cy Fox", "Ann Lee"]``. Short, or as a full row: the official copy chat with the query as
+  one more line of its last user turn. The demo models retrieve by position only (given a first name they cannot
+  produce its last name when the position route fails: official reverse of 5-6 people, the operand of insert); these
+  rows have no position route.
 
 Targets are drawn by ``random_answer`` afresh for every row: the random-output tasks (shuffle, insert / remove /
 replace at random, latin square) keep their real diversity (any valid answer), the others get their unique answer.
@@ -46,6 +51,32 @@ from dlm_decode.parallelbench.tasks import answer_text, build_messages, load_tas
 _FIRST = ("copy", "reverse", "sort", "shuffle")
 WAITING_LINE = _FIRST + tuple(op for op in WAITING_LINE_OPS if op not in _FIRST)
 TASKS = tuple(f"waiting_line/{op}" for op in WAITING_LINE) + ("puzzle/latin_square_n4", "puzzle/sudoku_n4_12")
+# training-only row kinds, never benchmark tasks; a stage takes them only when it names them
+LOOKUP = "aux/find"
+AUX_TASKS = (LOOKUP,)
+STAGE_TASKS = TASKS + AUX_TASKS
+_LOOKUP_SOURCE = "waiting_line/copy"  # a find row's people are those of a generated copy sample
+
+
+def lookup_query(sample: Mapping[str, Any], rng: random.Random) -> tuple[list[str], list[str]]:
+    """A find row's query and answer: 1..n of the list's people (those whose first name is unique in it) in a random
+    order, the query holding their first names only, the answer their full names. The order carries no position, so
+    the only way to the last name is to find the first name in the list and read the token after it (induction)."""
+    people = _people(sample["input"]["context"])
+    firsts = [p.split(" ", 1)[0] for p in people]
+    unique = [p for p, f in zip(people, firsts, strict=True) if firsts.count(f) == 1] or people[:1]
+    chosen = rng.sample(unique, rng.randint(1, len(unique)))
+    return [p.split(" ", 1)[0] for p in chosen], chosen
+
+
+def _people(context: str) -> list[str]:
+    import json
+
+    return list(json.loads(context))
+
+
+def _names_list(names: Sequence[str]) -> str:
+    return "[" + ", ".join(f'"{n}"' for n in names) + "]"
 
 
 def short_prompt(task: str, sample: Mapping[str, Any]) -> str:
@@ -138,6 +169,11 @@ class RowStream:
         icl_rng = random.Random(f"icl/{self.seed}/{step}")
         for (kind, task), n in sorted(wanted.items()):
             answer_rng = random.Random(rng.randrange(2**62))
+            if task == LOOKUP:
+                gen_length = max_new_tokens(_LOOKUP_SOURCE)
+                for s in self.samples(_LOOKUP_SOURCE, n, rng.randrange(2**62)):
+                    out.append((*self.lookup_row(s, gen_length, mix, kind == "full", answer_rng), f"{kind}/{task}"))
+                continue
             gen_length = max_new_tokens(task)
             for s in self.samples(task, n, rng.randrange(2**62)):
                 target = random_answer(task, s, answer_rng)
@@ -150,6 +186,25 @@ class RowStream:
                 out.append((prompt, resp, f"{kind}/{task}"))
         rng.shuffle(out)
         return out
+
+    def lookup_row(
+        self, sample: Mapping[str, Any], gen_length: int, mix: Mix, full: bool, rng: random.Random
+    ) -> tuple[list[int], list[int]]:
+        """One find row (``lookup_query``): bare like the short rows, or ``full``: the official copy chat whose last
+        user turn ends with the query line."""
+        query, answer = lookup_query(sample, rng)
+        line = f"find {_names_list(query)}"
+        if full:
+            messages = build_messages(self.configs[_LOOKUP_SOURCE], sample)
+            messages[-1] = {**messages[-1], "content": messages[-1]["content"] + line + "\n"}
+            return self.encode(messages, _names_list(answer), gen_length)
+        if not mix.bare:
+            chat = [{"role": "user", "content": f"{line} {sample['input']['context']}"}]
+            return self.encode(chat, _names_list(answer), gen_length)
+        prompt, resp = self.encode_bare(f"{line} {sample['input']['context']}", _names_list(answer))
+        if mix.pad:
+            resp = resp + [self.tok.eos_token_id] * max(gen_length - len(resp), 0)
+        return prompt, resp
 
     def short_row(
         self, task: str, sample: Mapping[str, Any], target: str, gen_length: int, mix: Mix, icl: bool

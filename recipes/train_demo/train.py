@@ -257,7 +257,7 @@ _STAGE_OPTIONS = ("lr", "share", "icl", "pad", "reset")
 def parse_stages(spec: str) -> list[Stage]:
     """``"short:600,full:5000"``; a stage may name its tasks, ``short[sort+shuffle]:300`` (op names or full names),
     and set options, ``full[copy+reverse]{lr=3e-4,share=0.5,icl=0.5,pad=1,reset}:1000``."""
-    from stream import TASKS
+    from stream import STAGE_TASKS as TASKS
 
     stages = []
     for part in _split_top(spec):
@@ -321,7 +321,7 @@ def _split_top(spec: str) -> list[str]:
 
 def parse_weights(spec: str | None) -> dict[str, float]:
     """``"sort=2,shuffle=1.5"`` -> task name -> sampling weight (default 1)."""
-    from stream import TASKS
+    from stream import STAGE_TASKS as TASKS
 
     out: dict[str, float] = {}
     for item in (spec or "").split(","):
