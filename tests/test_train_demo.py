@@ -650,3 +650,19 @@ def test_find_rows_ask_for_last_names_by_first_name(mini_pb, tok):
         assert len(resp) == 32 and ("<|start_header_id|>" in text) == label.startswith("full/")
     assert tr.parse_stages("short[find+copy]:3")[0].tasks == (st.LOOKUP, "waiting_line/copy")
     assert tr.parse_weights("find=3") == {st.LOOKUP: 3.0}
+
+
+def test_probe_find_rows_are_short_or_official_copy_chats(tok, mini_pb):
+    st, probe = _load("stream"), _load("probe")
+    stream = st.RowStream(mini_pb, tok, seed=0)
+    short = probe.find_rows(stream, 5, seed=3, full=False, padded=True)
+    full = probe.find_rows(stream, 5, seed=3, full=True, padded=True)
+    assert short == probe.find_rows(stream, 5, seed=3, full=False, padded=True) and len(full) == 5
+    eot = tok.convert_tokens_to_ids("<|eot_id|>")
+    for (sp, sa), (fp, fa) in zip(short, full, strict=True):
+        s_text, f_text = tok.decode(sp), tok.decode(fp)
+        assert "<|start_header_id|>" not in s_text and "<|start_header_id|>" in f_text and "find [" in f_text
+        assert len(sa) == len(fa) == 32 and sa == fa  # same sample and query draw, so the same answer
+        people = json.loads(s_text[s_text.rindex("[") :].strip())
+        answer = json.loads(tok.decode(sa[: sa.index(eot)]))
+        assert answer and set(answer) <= set(people)

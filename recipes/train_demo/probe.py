@@ -22,6 +22,10 @@ prompts do).
 way ``evaluate.py`` scores the official files (one token per step, ``scoring.score_task``), and reads ``full_tf``:
 teacher-forced retrieval on those official-format rows, overall and split into word-initial tokens (first names)
 and ``Ġ`` continuations (last names).
+
+``--find N`` reads the look-up skill on N fresh find rows (``stream.LOOKUP``: people asked for by first name in a
+random order, so a last name has no position route), short (bare, padded as ``--padded`` says) and full (the official
+copy chat with the query line): teacher-forced parts and greedy exact match of each.
 """
 
 from __future__ import annotations
@@ -146,6 +150,14 @@ def probe_rows_and_samples(
     return rows, samples
 
 
+def find_rows(stream: RowStream, n: int, seed: int, full: bool, padded: bool) -> list[tuple[list[int], list[int]]]:
+    """``n`` fresh find rows (``RowStream.lookup_row``), short or ``full``, drawn from held-out copy samples."""
+    mix = Mix(n, 1.0, bare=True, pad=padded)
+    rng = random.Random(seed)
+    gen_length = max_new_tokens("waiting_line/copy")
+    return [stream.lookup_row(s, gen_length, mix, full, rng) for s in stream.samples("waiting_line/copy", n, seed)]
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("model", help="checkpoint directory (a run's export/) or demo name")
@@ -157,6 +169,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--padded", action="store_true", help="answers padded with EOS to the task's gen length")
     ap.add_argument("--icl", action="store_true", help="each row shows its in-context example and answer first")
+    ap.add_argument("--find", type=int, default=0, help="also read look-up on N short and N full find rows")
     args = ap.parse_args(argv)
     unknown = sorted(set(args.tasks) - set(TASKS))
     if unknown:
@@ -188,6 +201,13 @@ def main(argv: list[str] | None = None) -> dict:
             )
             for t in args.tasks
         }
+    if args.find:
+        continuation = {i for t, i in tok.get_vocab().items() if t.startswith("\u0120")}
+        result["find"] = {}
+        for kind in ("short", "full"):
+            rows = find_rows(stream, args.find, args.seed, kind == "full", args.padded)
+            parts = teacher_forced_parts(model, rows, model.mask_token_id, skip, continuation)
+            result["find"][kind] = {"tf": parts, "exact": round(greedy_exact(model, tok, rows), 3)}
     result["seconds"] = round(time.perf_counter() - start, 1)
     print(json.dumps(result), flush=True)
     return result
