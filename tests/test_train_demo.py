@@ -641,7 +641,7 @@ def test_find_rows_ask_for_last_names_by_first_name(mini_pb, tok):
     for prompt, resp, label in rows:
         text = tok.decode(prompt)
         answer = tok.decode(resp[: resp.index(eot)])
-        lists = [m for m in re.finditer(r"\[[^\]]*\]", text)]
+        lists = list(re.finditer(r"\[[^\]]*\]", text))
         at = text.index("find ") + 5
         query = json.loads(next(m.group() for m in lists if m.start() == at))
         people = json.loads([m.group() for m in lists if m.start() != at][-1])

@@ -2,7 +2,7 @@
 
     python recipes/train_demo/probe.py RUN/export [--tasks waiting_line/copy waiting_line/reverse] [--full 8]
 
-On fresh-seed short rows in the bare format (``stream.RowStream.encode_bare``; never an official test sample):
+On fresh-seed short rows in the bare format (``stream.RowStream.short_row``; never an official test sample):
 
 * ``tf`` (teacher-forced retrieval): mask one content token of the answer (a name, a digit, a symbol; never
   bracket or separator), leave every other token visible, and count how often the argmax is the right token. A model
@@ -184,6 +184,7 @@ def main(argv: list[str] | None = None) -> dict:
     training = Path(args.model) / "training.json"
     if training.is_file():
         result["step"] = json.loads(training.read_text())["step"]
+    continuation = {i for t, i in tok.get_vocab().items() if t.startswith("\u0120")}  # last-name tokens
     for task in args.tasks:
         rows, samples = probe_rows_and_samples(stream, task, args.n, args.seed, padded=args.padded, icl=args.icl)
         result["tf"][task] = round(teacher_forced(model, rows, model.mask_token_id, skip), 3)
@@ -194,7 +195,6 @@ def main(argv: list[str] | None = None) -> dict:
         samples = heldout(args.parallelbench, args.seed, args.full, official_keys(args.parallelbench))
         items = eval_items({t: samples[t] for t in args.tasks}, args.parallelbench, short=False)
         result["full"] = {t: round(score_task(model, tok, t, *item)["score"], 1) for t, item in items.items()}
-        continuation = {i for t, i in tok.get_vocab().items() if t.startswith("\u0120")}
         result["full_tf"] = {
             t: teacher_forced_parts(
                 model, full_rows(stream, t, samples[t], args.seed), model.mask_token_id, skip, continuation
@@ -202,7 +202,6 @@ def main(argv: list[str] | None = None) -> dict:
             for t in args.tasks
         }
     if args.find:
-        continuation = {i for t, i in tok.get_vocab().items() if t.startswith("\u0120")}
         result["find"] = {}
         for kind in ("short", "full"):
             rows = find_rows(stream, args.find, args.seed, kind == "full", args.padded)

@@ -31,6 +31,7 @@ produced, so neither is trained on.
 
 from __future__ import annotations
 
+import json
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -62,17 +63,11 @@ def lookup_query(sample: Mapping[str, Any], rng: random.Random) -> tuple[list[st
     """A find row's query and answer: 1..n of the list's people (those whose first name is unique in it) in a random
     order, the query holding their first names only, the answer their full names. The order carries no position, so
     the only way to the last name is to find the first name in the list and read the token after it (induction)."""
-    people = _people(sample["input"]["context"])
+    people = list(json.loads(sample["input"]["context"]))
     firsts = [p.split(" ", 1)[0] for p in people]
     unique = [p for p, f in zip(people, firsts, strict=True) if firsts.count(f) == 1] or people[:1]
     chosen = rng.sample(unique, rng.randint(1, len(unique)))
     return [p.split(" ", 1)[0] for p in chosen], chosen
-
-
-def _people(context: str) -> list[str]:
-    import json
-
-    return list(json.loads(context))
 
 
 def _names_list(names: Sequence[str]) -> str:
@@ -149,11 +144,6 @@ class RowStream:
     def encode(self, messages: list[dict], target: str, gen_length: int) -> tuple[list[int], list[int]]:
         return encode_row(self.tok, messages, target, gen_length)
 
-    def encode_bare(self, prompt: str, target: str) -> tuple[list[int], list[int]]:
-        ids = self.tok(prompt + "\n", add_special_tokens=False)["input_ids"]
-        answer = self.tok(target, add_special_tokens=False)["input_ids"]
-        return [self.tok.bos_token_id, *ids], [*answer, self.tok.convert_tokens_to_ids("<|eot_id|>")]
-
     def samples(self, task: str, n: int, seed: int) -> list[dict]:
         return generate_task(task, self.configs[task], self.names, n=n, seed=seed, exclude=self.exclude[task])
 
@@ -198,13 +188,7 @@ class RowStream:
             messages = build_messages(self.configs[_LOOKUP_SOURCE], sample)
             messages[-1] = {**messages[-1], "content": messages[-1]["content"] + line + "\n"}
             return self.encode(messages, _names_list(answer), gen_length)
-        if not mix.bare:
-            chat = [{"role": "user", "content": f"{line} {sample['input']['context']}"}]
-            return self.encode(chat, _names_list(answer), gen_length)
-        prompt, resp = self.encode_bare(f"{line} {sample['input']['context']}", _names_list(answer))
-        if mix.pad:
-            resp = resp + [self.tok.eos_token_id] * max(gen_length - len(resp), 0)
-        return prompt, resp
+        return self.text_row(f"{line} {sample['input']['context']}", _names_list(answer), gen_length, mix)
 
     def short_row(
         self, task: str, sample: Mapping[str, Any], target: str, gen_length: int, mix: Mix, icl: bool
@@ -212,24 +196,28 @@ class RowStream:
         """One short row; with ``icl`` the sample's in-context example and its answer come first, as in the official
         prompt, so the row holds two lists and the answer must be read from the last one."""
         examples = list(sample["input"].get("icl_examples") or []) if icl else []
+        turns = [(short_prompt(task, ex), answer_text(ex["answer"])) for ex in examples]
+        return self.text_row(short_prompt(task, sample), target, gen_length, mix, turns)
+
+    def text_row(
+        self, prompt: str, target: str, gen_length: int, mix: Mix, turns: Sequence[tuple[str, str]] = ()
+    ) -> tuple[list[int], list[int]]:
+        """A short-format row from its text: the (prompt, answer) ``turns`` first, then ``prompt`` answered by
+        ``target``; bare text (``bos``, each turn ending in ``<|eot_id|>``, EOS padding when ``mix.pad``) or a chat."""
         if mix.bare:
             eot = self.tok.convert_tokens_to_ids("<|eot_id|>")
-            prompt = [self.tok.bos_token_id]
-            for ex in examples:
-                text = short_prompt(task, ex) + "\n" + answer_text(ex["answer"])
-                prompt += [*self.tok(text, add_special_tokens=False)["input_ids"], eot]
-            prompt += self.tok(short_prompt(task, sample) + "\n", add_special_tokens=False)["input_ids"]
+            ids = [self.tok.bos_token_id]
+            for p, a in turns:
+                ids += [*self.tok(p + "\n" + a, add_special_tokens=False)["input_ids"], eot]
+            ids += self.tok(prompt + "\n", add_special_tokens=False)["input_ids"]
             resp = [*self.tok(target, add_special_tokens=False)["input_ids"], eot]
             if mix.pad:
                 resp = resp + [self.tok.eos_token_id] * max(gen_length - len(resp), 0)
-            return prompt, resp
+            return ids, resp
         chat = []
-        for ex in examples:
-            chat += [
-                {"role": "user", "content": short_prompt(task, ex)},
-                {"role": "assistant", "content": answer_text(ex["answer"])},
-            ]
-        chat.append({"role": "user", "content": short_prompt(task, sample)})
+        for p, a in turns:
+            chat += [{"role": "user", "content": p}, {"role": "assistant", "content": a}]
+        chat.append({"role": "user", "content": prompt})
         return self.encode(chat, target, gen_length)
 
 
