@@ -3,6 +3,7 @@
     python benchmarks/bench_lossless.py                                          # both demo models, 6 tasks, 8 each
     python benchmarks/bench_lossless.py --models demo-llada --tasks waiting_line/copy --limit 2 --repeats 1 --warmup 0
     python benchmarks/bench_lossless.py --drafts 2,4,8 --batch-size 8 --device cuda
+    python benchmarks/bench_lossless.py --models demo-llada --cache prefix --drafts 2,3,4     # every config cached
 
 Per model and ParallelBench task (the official test samples, first ``--limit``; each task's own gen length), three
 kinds of configuration decode the same chats: the static rule (LLaDA ``low_confidence``, block 32, or Dream
@@ -14,6 +15,10 @@ compute, which the drafts multiply), accepted static steps per forward, tokens/s
 min-max spread; time is ``GenerateOutput.seconds``), the share of samples whose tokens equal the static rule's
 (``lossless`` must give 1.0) and the task score (x 100). ``torch_threads`` is recorded. The last line printed is one
 JSON object.
+
+``--cache prefix`` / ``dual`` runs every configuration with that cache: ``lossless`` then reproduces the static
+rule's output *with the same cache* (its reference), and a draft's forward computes only the active block's slots
+beside the cached prompt, so the stacked drafts cost far less than a whole canvas each.
 """
 
 from __future__ import annotations
@@ -53,10 +58,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=1, help="untimed passes first")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     p.add_argument("--device", default="cpu")
+    p.add_argument(
+        "--cache",
+        default="none",
+        choices=("none", "prefix", "dual"),
+        help="the cache of every configuration (lossless stays exact against the static rule with the same cache)",
+    )
     return p.parse_args(argv)
 
 
-def configs(model: Any, drafts: list[int]) -> list[dict[str, Any]]:
+def configs(model: Any, drafts: list[int], cache: str = "none") -> list[dict[str, Any]]:
     rule = STATIC_RULE[model.config.model_type]
     block = 32 if rule == "low_confidence" else None
     out = [{"label": f"{rule} (static)", "sampler": rule, "block_length": block}]
@@ -64,7 +75,7 @@ def configs(model: Any, drafts: list[int]) -> list[dict[str, Any]]:
         opts = {"drafts": d, "rule": rule}
         out.append({"label": f"lossless d={d}", "sampler": "lossless", "sampler_options": opts, "block_length": block})
     out.append({"label": "threshold 0.9", "sampler": "threshold", "sampler_options": {"threshold": 0.9}})
-    return out
+    return [{**c, "cache": cache} for c in out]
 
 
 def decode(model: Any, tok: Any, chats: list, cfg: dict[str, Any], gen: int, batch: int) -> dict[str, Any]:
@@ -107,6 +118,7 @@ def bench_task(model: Any, tok: Any, task: Any, cfgs: list[dict[str, Any]], args
                 "config": c["label"],
                 "sampler": c["sampler"],
                 "sampler_options": c.get("sampler_options") or {},
+                "cache": c["cache"],
                 "gen_length": gen,
                 "n": n,
                 "sequential_forwards": res["nfe"] / n,
@@ -137,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     for name in args.models.split(","):
         model, tok = dlm_decode.load_model(name, device=args.device)
-        cfgs = configs(model, drafts)
+        cfgs = configs(model, drafts, args.cache)
         for task in tasks:
             for row in bench_task(model, tok, task, cfgs, args):
                 results.append({"model": name, **row})
@@ -164,6 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     ]
     print(render_table(head, body))
     meta = {"torch_threads": torch.get_num_threads(), "device": args.device, "batch_size": args.batch_size}
+    meta["cache"] = args.cache
     meta |= {"limit": args.limit, "repeats": args.repeats, "warmup": args.warmup, "drafts": drafts}
     print(json.dumps({"benchmark": "lossless", **meta, "results": results}))
     return 0

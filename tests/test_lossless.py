@@ -3,6 +3,8 @@ sequential forwards; caches it keeps exact and those it refuses; what it refuses
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from conftest import SHARED_DATA
@@ -214,3 +216,23 @@ def test_sweep_table_shows_steps_per_call_and_slots_per_forward():
     assert cells["static"][-2:] == ["1.00", "32.0"] and cells["lossless"][-2:] == ["4.00", "160.0"]
     # without a draft-and-verify config the table keeps its usual columns
     assert "steps/call" not in format_sweep([static]).splitlines()[0]
+
+
+@needs_data
+def test_bench_lossless_with_a_cache_stays_exact_against_the_same_cache(capsys):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_lossless.py"
+    spec = importlib.util.spec_from_file_location("bench_lossless", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    argv = ["--models", "demo-llada", "--tasks", "waiting_line/reverse", "--limit", "2", "--drafts", "3"]
+    assert bench.main([*argv, "--cache", "prefix", "--repeats", "1", "--warmup", "0", "--data", str(SHARED_DATA)]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["cache"] == "prefix"
+    rows = {r["config"]: r for r in out["results"]}
+    static, fast = rows["low_confidence (static)"], rows["lossless d=3"]
+    assert static["cache"] == fast["cache"] == "prefix"
+    assert fast["same_as_static"] == 1.0 and fast["forwards_vs_static"] > 1.5
+    assert fast["token_forwards"] > static["token_forwards"]  # the drafts cost compute

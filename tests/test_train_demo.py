@@ -666,3 +666,29 @@ def test_probe_find_rows_are_short_or_official_copy_chats(tok, mini_pb):
         people = json.loads(s_text[s_text.rindex("[") :].strip())
         answer = json.loads(tok.decode(sa[: sa.index(eot)]))
         assert answer and set(answer) <= set(people)
+
+
+def test_gap_rows_put_own_template_words_between_list_and_answer(mini_pb, tok):
+    st, tr = _load("stream"), _load("train")
+    stream = st.RowStream(mini_pb, tok, seed=0)
+    tasks = ("waiting_line/reverse", "waiting_line/insert_index")
+    plain = st.Mix(batch=16, short_share=1.0, tasks=tasks, bare=True, pad=True)
+    gapped = st.Mix(batch=16, short_share=1.0, tasks=tasks, bare=True, pad=True, gap=30)
+    # no gap: the rows of runs from before the option, byte for byte (resume); the answers do not change with a gap
+    assert stream.rows(7, plain) == stream.rows(7, st.Mix(**{**plain.__dict__, "gap": 0}))
+    a, b = stream.rows(7, plain), stream.rows(7, gapped)
+    assert [r for _, r, _ in a] == [r for _, r, _ in b]
+    lengths = []
+    for (pa, _, label), (pb, _, _) in zip(a, b, strict=True):
+        text_a, text_b = tok.decode(pa), tok.decode(pb)
+        assert text_b.startswith(text_a.rstrip("\n"))  # the short row, then its filler
+        filler = text_b[len(text_a.rstrip("\n")) :].split()
+        lengths.append(len(filler))
+        assert len(filler) <= 30 and set(filler) <= set(stream.filler_words[label.split("/", 1)[1]])
+        # the filler is a span of the row's own template: it never names another operation
+        other = "insert" if "reverse" in label else "reverse"
+        assert other not in filler
+    assert min(lengths) < 10 and max(lengths) > 20  # drawn, not fixed
+    assert tr.parse_stages("short{gap=48}:3")[0].gap == 48
+    with pytest.raises(SystemExit, match="gap"):
+        tr.parse_stages("short{gap=-1}:3")

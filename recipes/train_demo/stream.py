@@ -16,6 +16,11 @@ that are functions of (run seed, step), so every batch is reproducible and a res
 
   In-context retrieval (find the list in the prompt, write it back transformed) forms on these rows within a few
   hundred steps at batch >= 128, where the full prompts (115-240 tokens) sat on a loss plateau for thousands.
+  With a stage's ``gap=G`` each short row ends in 0..G filler words (a span of its own task's official template,
+  so the filler never names another operation) after its list, the way the official prompts put their instruction
+  between the list and the answer: the demo model trained without it retrieved only within ~47 tokens of the answer
+  (official reverse and insert_index failed on exactly the entries farther away), and the short rows never put a
+  list farther than that.
 * **full rows**: the official prompt exactly as ``build_messages`` builds it (ICL turn included).
 * **find rows** (``aux/find``, training only, when a stage names ``find``): ``find ["Cy", "Ann"] ["Ann Lee", "Bo
   Kim", "Cy Fox"]`` -> ``["Cy Fox", "Ann Lee"]``. Short, or as a full row: the official copy chat with the query as
@@ -33,6 +38,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -123,6 +129,7 @@ class Mix:
     bare: bool = False  # short rows as raw text (bos + prompt, no chat turn) answered by answer + eot, no padding
     pad: bool = False  # bare short rows padded with EOS to the task's gen length, like the official rows' responses
     icl: float = 0.0  # share of short rows that first show the sample's in-context example, answered (two lists)
+    gap: int = 0  # short rows end in 0..gap filler words after their list (retrieval from farther away)
 
 
 class RowStream:
@@ -140,6 +147,7 @@ class RowStream:
         self.names = load_names(Path(data_dir) / "first_last_names.yaml")
         self.configs = {t: load_task(data_dir, t, limit=0).config for t in TASKS}
         self.exclude = {t: set(exclude.get(t, ())) for t in TASKS} if exclude else {t: set() for t in TASKS}
+        self.filler_words = {t: template_words(c) for t, c in self.configs.items()}
 
     def encode(self, messages: list[dict], target: str, gen_length: int) -> tuple[list[int], list[int]]:
         return encode_row(self.tok, messages, target, gen_length)
@@ -157,12 +165,16 @@ class RowStream:
             wanted[(kind, mix.tasks[i])] = wanted.get((kind, mix.tasks[i]), 0) + 1
         out = []
         icl_rng = random.Random(f"icl/{self.seed}/{step}")
+        # the gap draws have their own generator too: rows without a gap are byte-identical to earlier runs'
+        gap_rng = random.Random(f"gap/{self.seed}/{step}")
         for (kind, task), n in sorted(wanted.items()):
             answer_rng = random.Random(rng.randrange(2**62))
             if task == LOOKUP:
                 gen_length = max_new_tokens(_LOOKUP_SOURCE)
                 for s in self.samples(_LOOKUP_SOURCE, n, rng.randrange(2**62)):
-                    out.append((*self.lookup_row(s, gen_length, mix, kind == "full", answer_rng), f"{kind}/{task}"))
+                    gap = self.filler(_LOOKUP_SOURCE, gap_rng, mix.gap) if kind == "short" else ""
+                    row = self.lookup_row(s, gen_length, mix, kind == "full", answer_rng, gap)
+                    out.append((*row, f"{kind}/{task}"))
                 continue
             gen_length = max_new_tokens(task)
             for s in self.samples(task, n, rng.randrange(2**62)):
@@ -170,15 +182,30 @@ class RowStream:
                 if kind == "short":
                     # the ICL draw has its own generator, so rows without it are those of earlier runs (resume)
                     with_icl = mix.icl > 0 and icl_rng.random() < mix.icl
-                    prompt, resp = self.short_row(task, s, target, gen_length, mix, with_icl)
+                    gap = self.filler(task, gap_rng, mix.gap)
+                    prompt, resp = self.short_row(task, s, target, gen_length, mix, with_icl, gap)
                 else:
                     prompt, resp = self.encode(build_messages(self.configs[task], s), target, gen_length)
                 out.append((prompt, resp, f"{kind}/{task}"))
         rng.shuffle(out)
         return out
 
+    def filler(self, task: str, rng: random.Random, gap: int) -> str:
+        """0..``gap`` consecutive words of ``task``'s template (wrapping round), "" without a gap."""
+        if gap <= 0:
+            return ""
+        words = self.filler_words[task]
+        n, start = rng.randint(0, gap), rng.randrange(len(words))
+        return " ".join(words[(start + i) % len(words)] for i in range(n))
+
     def lookup_row(
-        self, sample: Mapping[str, Any], gen_length: int, mix: Mix, full: bool, rng: random.Random
+        self,
+        sample: Mapping[str, Any],
+        gen_length: int,
+        mix: Mix,
+        full: bool,
+        rng: random.Random,
+        gap: str = "",
     ) -> tuple[list[int], list[int]]:
         """One find row (``lookup_query``): bare like the short rows, or ``full``: the official copy chat whose last
         user turn ends with the query line."""
@@ -188,16 +215,25 @@ class RowStream:
             messages = build_messages(self.configs[_LOOKUP_SOURCE], sample)
             messages[-1] = {**messages[-1], "content": messages[-1]["content"] + line + "\n"}
             return self.encode(messages, _names_list(answer), gen_length)
-        return self.text_row(f"{line} {sample['input']['context']}", _names_list(answer), gen_length, mix)
+        prompt = _with_gap(f"{line} {sample['input']['context']}", gap)
+        return self.text_row(prompt, _names_list(answer), gen_length, mix)
 
     def short_row(
-        self, task: str, sample: Mapping[str, Any], target: str, gen_length: int, mix: Mix, icl: bool
+        self,
+        task: str,
+        sample: Mapping[str, Any],
+        target: str,
+        gen_length: int,
+        mix: Mix,
+        icl: bool,
+        gap: str = "",
     ) -> tuple[list[int], list[int]]:
         """One short row; with ``icl`` the sample's in-context example and its answer come first, as in the official
-        prompt, so the row holds two lists and the answer must be read from the last one."""
+        prompt, so the row holds two lists and the answer must be read from the last one; ``gap`` (filler words)
+        follows the row's own list."""
         examples = list(sample["input"].get("icl_examples") or []) if icl else []
         turns = [(short_prompt(task, ex), answer_text(ex["answer"])) for ex in examples]
-        return self.text_row(short_prompt(task, sample), target, gen_length, mix, turns)
+        return self.text_row(_with_gap(short_prompt(task, sample), gap), target, gen_length, mix, turns)
 
     def text_row(
         self, prompt: str, target: str, gen_length: int, mix: Mix, turns: Sequence[tuple[str, str]] = ()
@@ -219,6 +255,19 @@ class RowStream:
             chat += [{"role": "user", "content": p}, {"role": "assistant", "content": a}]
         chat.append({"role": "user", "content": prompt})
         return self.encode(chat, target, gen_length)
+
+
+def _with_gap(prompt: str, gap: str) -> str:
+    return f"{prompt}\n{gap}" if gap else prompt
+
+
+def template_words(config: Mapping[str, Any]) -> list[str]:
+    """The words of a task's template with its ``{placeholders}`` and quotes dropped, in template order."""
+    text = re.sub(r"\{[^}]*\}", " ", str(config.get("prompt", "")))
+    words = text.replace('"', " ").split()
+    if not words:
+        raise ValueError(f"task {config.get('name', '?')!r} has no prompt text to draw filler words from")
+    return words
 
 
 def heldout(data_dir: str | Path, seed: int, per_task: int, exclude: Mapping[str, set]) -> dict[str, list[dict]]:

@@ -237,7 +237,8 @@ class Stage:
     """One stage of the curriculum: ``kind`` short (short rows only) or full (official prompts plus a share of short
     rows), for ``steps`` steps, over ``tasks`` (None: all twelve). Options left None take the command line's value:
     ``lr`` the stage's peak learning rate, ``share`` the short rows' share of a full stage's batch, ``icl`` the share
-    of short rows shown the sample's in-context example first, ``pad`` whether bare short rows get EOS padding;
+    of short rows shown the sample's in-context example first, ``pad`` whether bare short rows get EOS padding,
+    ``gap`` the most filler words (of the row's own template) after a short row's list (stream.py, ``Mix.gap``);
     ``reset`` starts the stage with fresh optimizer moments (Adam's second moments from easy rows make the first
     updates on a new kind of row several times the learning rate)."""
 
@@ -249,14 +250,15 @@ class Stage:
     icl: float | None = None
     pad: bool | None = None
     reset: bool = False
+    gap: int | None = None
 
 
-_STAGE_OPTIONS = ("lr", "share", "icl", "pad", "reset")
+_STAGE_OPTIONS = ("lr", "share", "icl", "pad", "reset", "gap")
 
 
 def parse_stages(spec: str) -> list[Stage]:
     """``"short:600,full:5000"``; a stage may name its tasks, ``short[sort+shuffle]:300`` (op names or full names),
-    and set options, ``full[copy+reverse]{lr=3e-4,share=0.5,icl=0.5,pad=1,reset}:1000``."""
+    and set options, ``full[copy+reverse]{lr=3e-4,share=0.5,icl=0.5,pad=1,gap=48,reset}:1000``."""
     from stream import STAGE_TASKS as TASKS
 
     stages = []
@@ -295,6 +297,10 @@ def _stage_options(part: str, text: str) -> dict[str, Any]:
                 out[key] = not eq or bool(int(value))
             elif key == "pad":
                 out[key] = bool(int(value))
+            elif key == "gap":
+                out[key] = int(value)
+                if out[key] < 0:
+                    raise ValueError
             else:
                 out[key] = float(value)
         except ValueError:
@@ -579,10 +585,11 @@ def main(argv: list[str] | None = None) -> None:
         weights = tuple(args.weights.get(t, 1.0) for t in tasks)
         padded = pad if stage.pad is None else stage.pad
         icl = stage.icl if stage.icl is not None else args.short_icl
+        gap = stage.gap or 0
         if stage.kind == "short":
-            return Mix(args.short_batch, 1.0, tasks, weights, bare=bare, pad=padded, icl=icl)
+            return Mix(args.short_batch, 1.0, tasks, weights, bare=bare, pad=padded, icl=icl, gap=gap)
         share = stage.share if stage.share is not None else args.short_share
-        return Mix(args.full_batch, share, tasks, weights, bare=bare, pad=padded, icl=icl)
+        return Mix(args.full_batch, share, tasks, weights, bare=bare, pad=padded, icl=icl, gap=gap)
 
     resets = {start for start, st in zip(stage_starts(args.stage_list), args.stage_list[1:], strict=True) if st.reset}
 
