@@ -692,3 +692,42 @@ def test_gap_rows_put_own_template_words_between_list_and_answer(mini_pb, tok):
     assert tr.parse_stages("short{gap=48}:3")[0].gap == 48
     with pytest.raises(SystemExit, match="gap"):
         tr.parse_stages("short{gap=-1}:3")
+
+
+def test_horizon_bins_each_answer_entry_by_its_token_distance(mini_pb, tok):
+    hz = _load("horizon")
+    from dlm_decode.parallelbench.tasks import load_task
+
+    # the distance by hand: prompt ids end at index len-1, the answer's k-th last name sits after them
+    answer = ["Ann Lee", "Bo Kim"]
+    ids = tok(json.dumps(answer), add_special_tokens=False)["input_ids"]
+    lee = tok(json.dumps(["Ann Lee"]), add_special_tokens=False)["input_ids"][-2]
+    kim = tok(json.dumps(["Bo Kim"]), add_special_tokens=False)["input_ids"][-2]
+    prompt = [kim, 5, lee, 6, 7]  # Lee at prompt index 2, Kim at 0
+    assert hz.entry_slots(tok, answer) == [ids.index(lee), ids.index(kim)]
+    assert hz.distances(tok, prompt, answer) == [5 + ids.index(lee) - 2, 5 + ids.index(kim) - 0]
+    assert hz.distances(tok, [5, 6], answer) == [None, None]  # not in the prompt: skipped
+    # a run whose every answer is right but for its first entry: the first entries' bins hold the misses only
+    name = "waiting_line/reverse"
+    task = load_task(mini_pb, name)
+    assert len(task.samples) >= 4
+    outputs = []
+    for s in task.samples:
+        gold = json.loads(s["answer"])
+        outputs.append({"text": json.dumps(["Nobody Here", *gold[1:]])})
+    res = hz.horizon({"tasks": [{"task": name, "outputs": outputs}]}, tok, mini_pb, bucket=4)[name]
+    right = sum(a for a, _ in res["bins"].values())
+    total = sum(n for _, n in res["bins"].values())
+    n_entries = sum(len(json.loads(s["answer"])) for s in task.samples)
+    assert total + res["skipped"] == n_entries
+    assert total - right == len(task.samples) - sum(
+        hz.distances(tok, _prompt(tok, task, s), json.loads(s["answer"]))[0] is None for s in task.samples
+    )
+    assert all(lo % 4 == 0 for lo in res["bins"])
+    with pytest.raises(SystemExit, match="--outputs"):
+        hz.horizon({"tasks": [{"task": name}]}, tok, mini_pb)
+
+
+def _prompt(tok, task, sample):
+    text = tok.apply_chat_template(build_messages(task.config, sample), add_generation_prompt=True, tokenize=False)
+    return tok(text, add_special_tokens=False)["input_ids"]
