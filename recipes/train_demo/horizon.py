@@ -67,7 +67,8 @@ def horizon(run: dict, tok: Any, data: str | Path, bucket: int = 8) -> dict[str,
         bins: dict[int, list[int]] = defaultdict(lambda: [0, 0])
         skipped = 0
         for sample, result in zip(task.samples, row["outputs"], strict=True):
-            text = tok.apply_chat_template(build_messages(task.config, sample), add_generation_prompt=True, tokenize=False)
+            chat = build_messages(task.config, sample)
+            text = tok.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
             prompt = tok(text, add_special_tokens=False)["input_ids"]
             gold = json.loads(sample["answer"])
             try:
