@@ -695,7 +695,7 @@ def test_gap_rows_put_own_template_words_between_list_and_answer(mini_pb, tok):
 
 
 def test_horizon_bins_each_answer_entry_by_its_token_distance(mini_pb, tok):
-    hz = _load("horizon")
+    hz, st = _load("horizon"), _load("stream")
     from dlm_decode.parallelbench.tasks import load_task
 
     # the distance by hand: prompt ids end at index len-1, the answer's k-th last name sits after them
@@ -721,13 +721,9 @@ def test_horizon_bins_each_answer_entry_by_its_token_distance(mini_pb, tok):
     n_entries = sum(len(json.loads(s["answer"])) for s in task.samples)
     assert total + res["skipped"] == n_entries
     assert total - right == len(task.samples) - sum(
-        hz.distances(tok, _prompt(tok, task, s), json.loads(s["answer"]))[0] is None for s in task.samples
+        hz.distances(tok, st.chat_prompt_ids(tok, build_messages(task.config, s)), json.loads(s["answer"]))[0] is None
+        for s in task.samples
     )
     assert all(lo % 4 == 0 for lo in res["bins"])
     with pytest.raises(SystemExit, match="--outputs"):
         hz.horizon({"tasks": [{"task": name}]}, tok, mini_pb)
-
-
-def _prompt(tok, task, sample):
-    text = tok.apply_chat_template(build_messages(task.config, sample), add_generation_prompt=True, tokenize=False)
-    return tok(text, add_special_tokens=False)["input_ids"]

@@ -25,8 +25,17 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from dlm_decode.parallelbench.runner import default_data_dir
-from dlm_decode.parallelbench.tasks import build_messages, load_task
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from stream import chat_prompt_ids  # noqa: E402
+
+from dlm_decode.parallelbench.runner import default_data_dir  # noqa: E402
+from dlm_decode.parallelbench.tasks import build_messages, load_task  # noqa: E402
+
+
+def last_name_id(tok: Any, name: str) -> int:
+    """The token of ``name``'s last name as it stands in a JSON list: the one before the closing ``"]``."""
+    return tok(json.dumps([name]), add_special_tokens=False)["input_ids"][-2]
 
 
 def entry_slots(tok: Any, answer: list[str]) -> list[int | None]:
@@ -35,8 +44,7 @@ def entry_slots(tok: Any, answer: list[str]) -> list[int | None]:
     out: list[int | None] = []
     at = 0
     for name in answer:
-        last = tok(json.dumps([name]), add_special_tokens=False)["input_ids"]
-        target = last[-2]  # the token before the closing '"]'
+        target = last_name_id(tok, name)
         hit = next((i for i in range(at, len(ids)) if ids[i] == target), None)
         out.append(hit)
         at = hit + 1 if hit is not None else at
@@ -45,11 +53,11 @@ def entry_slots(tok: Any, answer: list[str]) -> list[int | None]:
 
 def distances(tok: Any, prompt_ids: list[int], answer: list[str]) -> list[int | None]:
     """Tokens from each entry's last-name slot in the answer back to that token's last place in the prompt."""
+    last_seen = {t: i for i, t in enumerate(prompt_ids)}  # token -> its last index in the prompt
     out: list[int | None] = []
     for name, slot in zip(answer, entry_slots(tok, answer), strict=True):
-        target = tok(json.dumps([name]), add_special_tokens=False)["input_ids"][-2]
-        where = [i for i, t in enumerate(prompt_ids) if t == target]
-        out.append(None if slot is None or not where else len(prompt_ids) + slot - where[-1])
+        where = last_seen.get(last_name_id(tok, name))
+        out.append(None if slot is None or where is None else len(prompt_ids) + slot - where)
     return out
 
 
@@ -68,9 +76,7 @@ def horizon(run: dict, tok: Any, data: str | Path, bucket: int = 8) -> dict[str,
         bins: dict[int, list[int]] = defaultdict(lambda: [0, 0])
         skipped = 0
         for sample, result in zip(task.samples, row["outputs"], strict=True):
-            chat = build_messages(task.config, sample)
-            text = tok.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
-            prompt = tok(text, add_special_tokens=False)["input_ids"]
+            prompt = chat_prompt_ids(tok, build_messages(task.config, sample))
             gold = json.loads(sample["answer"])
             try:
                 got = json.loads(result["text"])

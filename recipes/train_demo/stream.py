@@ -107,11 +107,17 @@ def short_prompt(task: str, sample: Mapping[str, Any]) -> str:
     return f"{op} {ctx}"
 
 
+def chat_prompt_ids(tok: Any, messages: list[dict]) -> list[int]:
+    """A chat's prompt ids as ``dlm_decode.generate`` builds them (template with the generation prompt, no specials
+    added); the answer canvas follows them directly."""
+    text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return list(tok(text, add_special_tokens=False)["input_ids"])
+
+
 def encode_row(tok: Any, messages: list[dict], target: str, gen_length: int) -> tuple[list[int], list[int]]:
     """(prompt ids as dlm_decode.generate builds them, response = answer, ``<|eot_id|>``, then EOS up to
     exactly ``gen_length``)."""
-    text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    prompt = list(tok(text, add_special_tokens=False)["input_ids"])
+    prompt = chat_prompt_ids(tok, messages)
     resp = list(tok(target, add_special_tokens=False)["input_ids"]) + [tok.convert_tokens_to_ids("<|eot_id|>")]
     if len(resp) > gen_length:
         raise ValueError(f"answer of {len(resp) - 1} tokens does not fit in gen_length {gen_length}: {target!r}")

@@ -299,14 +299,14 @@ def _stage_options(part: str, text: str) -> dict[str, Any]:
                 out[key] = bool(int(value))
             elif key == "gap":
                 out[key] = int(value)
-                if out[key] < 0:
-                    raise ValueError
             else:
                 out[key] = float(value)
         except ValueError:
             raise SystemExit(f"--stages: bad value {value!r} for {key} in {part!r}") from None
         if key in ("share", "icl") and not 0.0 <= out[key] <= 1.0:
             raise SystemExit(f"--stages: {key} must be in [0, 1] in {part!r}")
+        if key == "gap" and out[key] < 0:
+            raise SystemExit(f"--stages: gap must be a whole number of words >= 0 in {part!r}")
         if key == "lr" and out[key] <= 0:
             raise SystemExit(f"--stages: lr must be > 0 in {part!r}")
     return out
