@@ -694,6 +694,42 @@ def test_gap_rows_put_own_template_words_between_list_and_answer(mini_pb, tok):
         tr.parse_stages("short{gap=-1}:3")
 
 
+def test_len_stage_option_sets_the_people_per_list(mini_pb, tok):
+    st, tr = _load("stream"), _load("train")
+    stream = st.RowStream(mini_pb, tok, seed=0)
+    tasks = ("waiting_line/sort", "waiting_line/copy")
+    pairs = st.Mix(batch=24, short_share=0.5, tasks=tasks, bare=True, pad=True, icl=1.0, lengths=(2, 3))
+    eot = tok.convert_tokens_to_ids("<|eot_id|>")
+    seen = set()
+    for prompt, resp, label in stream.rows(3, pairs):
+        text = tok.decode(prompt)
+        lists = [json.loads(m) for m in re.findall(r"\[\"[^\]]*\]", text)]
+        assert len(lists) >= 2  # the in-context example's list (and its answer) and the row's own
+        for people in lists:
+            seen.add(len(people))
+            assert 2 <= len(people) <= 3
+        answer = json.loads(tok.decode(resp[: resp.index(eot)]))
+        assert answer == (sorted(lists[-1]) if label.endswith("sort") else lists[-1])
+    assert seen == {2, 3}
+    # without the option: the task's own range (official sort lists hold 3 to 6 people), rows as before
+    plain = st.Mix(batch=24, short_share=0.5, tasks=tasks, bare=True, pad=True, icl=1.0)
+    assert stream.rows(3, plain) == stream.rows(3, st.Mix(**{**plain.__dict__, "lengths": None}))
+    own = {len(json.loads(tok.decode(r[: r.index(eot)]))) for _, r, _ in stream.rows(3, plain)}
+    assert min(own) >= 3 and max(own) > 3
+    pb = _load("probe")  # the probe reads the same lengths
+    for _prompt, resp in pb.probe_rows(stream, "waiting_line/sort", 6, seed=5, padded=True, lengths=(2, 2)):
+        assert len(json.loads(tok.decode(resp[: resp.index(eot)]))) == 2
+    assert tr.parse_stages("short[sort]{len=2-3}:5")[0].lengths == (2, 3)
+    assert tr.parse_stages("short[sort+find]{len=4}:5")[0].lengths == (4, 4)
+    for bad in ("short[sort]{len=1-3}:5", "short[sort]{len=3-2}:5", "short[sort]{len=2-9}:5", "short[sort]{len=a}:5"):
+        with pytest.raises(SystemExit, match="len"):
+            tr.parse_stages(bad)
+    with pytest.raises(SystemExit, match="latin_square"):
+        tr.parse_stages("short[sort+latin_square_n4]{len=2-3}:5")
+    with pytest.raises(SystemExit, match="len sets"):
+        tr.parse_stages("short{len=2-3}:5")  # all twelve tasks: the puzzles have no list
+
+
 def test_horizon_bins_each_answer_entry_by_its_token_distance(mini_pb, tok):
     hz, st = _load("horizon"), _load("stream")
     from dlm_decode.parallelbench.tasks import load_task

@@ -43,7 +43,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from stream import TASKS, Mix, RowStream, eval_items, heldout, official_keys  # noqa: E402
+from stream import TASKS, Mix, RowStream, eval_items, heldout, list_lengths, official_keys  # noqa: E402
 
 import dlm_decode  # noqa: E402
 from dlm_decode.parallelbench.generator import random_answer  # noqa: E402
@@ -131,20 +131,33 @@ def greedy_exact(
 
 
 def probe_rows(
-    stream: RowStream, task: str, n: int, seed: int, padded: bool = False, icl: bool = False
+    stream: RowStream,
+    task: str,
+    n: int,
+    seed: int,
+    padded: bool = False,
+    icl: bool = False,
+    lengths: tuple[int, int] | None = None,
 ) -> list[tuple[list[int], list[int]]]:
     """``n`` fresh short rows of ``task`` (prompt ids, answer ids) in the bare format, padded / with the in-context
     example as the flags say (the rows the short stages train on, ``stream.RowStream.short_row``). A random-output
-    task's row answers with one valid answer drawn as training draws it (``random_answer``)."""
-    return probe_rows_and_samples(stream, task, n, seed, padded, icl)[0]
+    task's row answers with one valid answer drawn as training draws it (``random_answer``); ``lengths`` (lo, hi)
+    sets the people per list as a stage's ``len`` does."""
+    return probe_rows_and_samples(stream, task, n, seed, padded, icl, lengths)[0]
 
 
 def probe_rows_and_samples(
-    stream: RowStream, task: str, n: int, seed: int, padded: bool = False, icl: bool = False
+    stream: RowStream,
+    task: str,
+    n: int,
+    seed: int,
+    padded: bool = False,
+    icl: bool = False,
+    lengths: tuple[int, int] | None = None,
 ) -> tuple[list[tuple[list[int], list[int]]], list[dict]]:
     """``probe_rows`` and the samples behind them (for scoring greedy answers with the task's metric)."""
     mix = Mix(n, 1.0, bare=True, pad=padded, icl=1.0 if icl else 0.0)
-    samples = stream.samples(task, n, seed)
+    samples = stream.samples(task, n, seed, lengths)
     rng = random.Random(seed)
     rows = [stream.short_row(task, s, random_answer(task, s, rng), max_new_tokens(task), mix, icl) for s in samples]
     return rows, samples
@@ -170,7 +183,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--padded", action="store_true", help="answers padded with EOS to the task's gen length")
     ap.add_argument("--icl", action="store_true", help="each row shows its in-context example and answer first")
     ap.add_argument("--find", type=int, default=0, help="also read look-up on N short and N full find rows")
+    ap.add_argument("--len", default=None, help="people per short-row list, LO-HI (a stage's len); default the task's")
     args = ap.parse_args(argv)
+    lengths = list_lengths(args.len, "--len") if args.len else None
     unknown = sorted(set(args.tasks) - set(TASKS))
     if unknown:
         raise SystemExit(f"--tasks: unknown {unknown}; choose from {list(TASKS)}")
@@ -181,12 +196,14 @@ def main(argv: list[str] | None = None) -> dict:
     skip = set(tok.convert_tokens_to_ids([t for t in STRUCTURE if t in tok.get_vocab()]))
     stream = RowStream(args.parallelbench, tok, seed=0)
     result: dict = {"model": str(args.model), "padded": args.padded, "icl": args.icl, "tf": {}, "exact": {}}
+    if lengths:
+        result["len"] = list(lengths)
     training = Path(args.model) / "training.json"
     if training.is_file():
         result["step"] = json.loads(training.read_text())["step"]
     continuation = {i for t, i in tok.get_vocab().items() if t.startswith("\u0120")}  # last-name tokens
     for task in args.tasks:
-        rows, samples = probe_rows_and_samples(stream, task, args.n, args.seed, padded=args.padded, icl=args.icl)
+        rows, samples = probe_rows_and_samples(stream, task, args.n, args.seed, args.padded, args.icl, lengths)
         result["tf"][task] = round(teacher_forced(model, rows, model.mask_token_id, skip), 3)
         result["exact"][task] = round(greedy_exact(model, tok, rows, task, samples), 3)
     if args.full:

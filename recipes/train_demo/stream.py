@@ -136,6 +136,7 @@ class Mix:
     pad: bool = False  # bare short rows padded with EOS to the task's gen length, like the official rows' responses
     icl: float = 0.0  # share of short rows that first show the sample's in-context example, answered (two lists)
     gap: int = 0  # short rows end in 0..gap filler words after their list (retrieval from farther away)
+    lengths: tuple[int, int] | None = None  # (lo, hi) people per waiting-line list, None: the task's own range
 
 
 class RowStream:
@@ -158,8 +159,13 @@ class RowStream:
     def encode(self, messages: list[dict], target: str, gen_length: int) -> tuple[list[int], list[int]]:
         return encode_row(self.tok, messages, target, gen_length)
 
-    def samples(self, task: str, n: int, seed: int) -> list[dict]:
-        return generate_task(task, self.configs[task], self.names, n=n, seed=seed, exclude=self.exclude[task])
+    def samples(self, task: str, n: int, seed: int, lengths: tuple[int, int] | None = None) -> list[dict]:
+        """``n`` generated samples of ``task``; ``lengths`` (lo, hi) overrides a waiting-line task's list lengths (its
+        in-context examples' too)."""
+        config = self.configs[task]
+        if lengths is not None:
+            config = {**config, "min_length": lengths[0], "max_length": lengths[1]}
+        return generate_task(task, config, self.names, n=n, seed=seed, exclude=self.exclude[task])
 
     def rows(self, step: int, mix: Mix) -> list[tuple[list[int], list[int], str]]:
         rng = random.Random(self.seed * 1_000_003 + step)
@@ -177,13 +183,13 @@ class RowStream:
             answer_rng = random.Random(rng.randrange(2**62))
             if task == LOOKUP:
                 gen_length = max_new_tokens(_LOOKUP_SOURCE)
-                for s in self.samples(_LOOKUP_SOURCE, n, rng.randrange(2**62)):
+                for s in self.samples(_LOOKUP_SOURCE, n, rng.randrange(2**62), mix.lengths):
                     gap = self.filler(_LOOKUP_SOURCE, gap_rng, mix.gap) if kind == "short" else ""
                     row = self.lookup_row(s, gen_length, mix, kind == "full", answer_rng, gap)
                     out.append((*row, f"{kind}/{task}"))
                 continue
             gen_length = max_new_tokens(task)
-            for s in self.samples(task, n, rng.randrange(2**62)):
+            for s in self.samples(task, n, rng.randrange(2**62), mix.lengths):
                 target = random_answer(task, s, answer_rng)
                 if kind == "short":
                     # the ICL draw has its own generator, so rows without it are those of earlier runs (resume)
@@ -261,6 +267,24 @@ class RowStream:
             chat += [{"role": "user", "content": p}, {"role": "assistant", "content": a}]
         chat.append({"role": "user", "content": prompt})
         return self.encode(chat, target, gen_length)
+
+
+# people per list a length option may ask for: a list needs two people to be reordered, and the official lists stop
+# at six (a longer answer outgrows the waiting-line tasks' 32-token canvas)
+MIN_PEOPLE, MAX_PEOPLE = 2, 6
+
+
+def list_lengths(text: str, where: str) -> tuple[int, int]:
+    """``"2-3"`` -> (2, 3), ``"4"`` -> (4, 4): a list-length range (a stage's ``len``, ``probe.py --len``); a clear
+    error naming ``where`` otherwise."""
+    lo, dash, hi = text.partition("-")
+    try:
+        out = (int(lo), int(hi if dash else lo))
+    except ValueError:
+        out = (0, 0)
+    if not MIN_PEOPLE <= out[0] <= out[1] <= MAX_PEOPLE:
+        raise SystemExit(f"{where}: len must be LO-HI with {MIN_PEOPLE} <= LO <= HI <= {MAX_PEOPLE}, got {text!r}")
+    return out
 
 
 def _with_gap(prompt: str, gap: str) -> str:

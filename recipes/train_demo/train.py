@@ -239,6 +239,8 @@ class Stage:
     ``lr`` the stage's peak learning rate, ``share`` the short rows' share of a full stage's batch, ``icl`` the share
     of short rows shown the sample's in-context example first, ``pad`` whether bare short rows get EOS padding,
     ``gap`` the most filler words (of the row's own template) after a short row's list (stream.py, ``Mix.gap``);
+    ``len`` the people per list of the stage's waiting-line rows, ``len=2-3`` (``Mix.lengths``; the task's own range
+    when absent: a length curriculum, e.g. sort learned on pairs first);
     ``reset`` starts the stage with fresh optimizer moments (Adam's second moments from easy rows make the first
     updates on a new kind of row several times the learning rate)."""
 
@@ -251,15 +253,16 @@ class Stage:
     pad: bool | None = None
     reset: bool = False
     gap: int | None = None
+    lengths: tuple[int, int] | None = None
 
 
-_STAGE_OPTIONS = ("lr", "share", "icl", "pad", "reset", "gap")
+_STAGE_OPTIONS = ("lr", "share", "icl", "pad", "reset", "gap", "len")
 
 
 def parse_stages(spec: str) -> list[Stage]:
     """``"short:600,full:5000"``; a stage may name its tasks, ``short[sort+shuffle]:300`` (op names or full names),
-    and set options, ``full[copy+reverse]{lr=3e-4,share=0.5,icl=0.5,pad=1,gap=48,reset}:1000``."""
-    from stream import STAGE_TASKS as TASKS
+    and set options, ``full[copy+reverse]{lr=3e-4,share=0.5,icl=0.5,pad=1,gap=48,len=2-6,reset}:1000``."""
+    from stream import STAGE_TASKS
 
     stages = []
     for part in _split_top(spec):
@@ -273,18 +276,24 @@ def parse_stages(spec: str) -> list[Stage]:
         tasks = None
         if rest:
             names = [t.strip() for t in rest.rstrip("]").split("+") if t.strip()]
-            full = {t.split("/", 1)[1]: t for t in TASKS} | {t: t for t in TASKS}
+            full = {t.split("/", 1)[1]: t for t in STAGE_TASKS} | {t: t for t in STAGE_TASKS}
             unknown = [t for t in names if t not in full]
             if unknown:
                 raise SystemExit(f"--stages: unknown task(s) {unknown}; known: {', '.join(full)}")
             tasks = tuple(full[t] for t in names)
-        stages.append(Stage(kind, int(steps), tasks, **_stage_options(part, opts.rstrip("}"))))
+        options = _stage_options(part, opts.rstrip("}"))
+        puzzles = [t for t in tasks or STAGE_TASKS if not t.startswith(("waiting_line/", "aux/"))]
+        if "lengths" in options and puzzles:
+            raise SystemExit(f"--stages: len sets list lengths of waiting-line rows; {part!r} also names {puzzles}")
+        stages.append(Stage(kind, int(steps), tasks, **options))
     if not stages:
         raise SystemExit("--stages: no stage given")
     return stages
 
 
 def _stage_options(part: str, text: str) -> dict[str, Any]:
+    from stream import list_lengths
+
     out: dict[str, Any] = {}
     for item in (t.strip() for t in text.split(",")):
         if not item:
@@ -299,6 +308,8 @@ def _stage_options(part: str, text: str) -> dict[str, Any]:
                 out[key] = bool(int(value))
             elif key == "gap":
                 out[key] = int(value)
+            elif key == "len":
+                out["lengths"] = list_lengths(value, f"--stages {part!r}")
             else:
                 out[key] = float(value)
         except ValueError:
@@ -585,11 +596,11 @@ def main(argv: list[str] | None = None) -> None:
         weights = tuple(args.weights.get(t, 1.0) for t in tasks)
         padded = pad if stage.pad is None else stage.pad
         icl = stage.icl if stage.icl is not None else args.short_icl
-        gap = stage.gap or 0
+        opts = {"bare": bare, "pad": padded, "icl": icl, "gap": stage.gap or 0, "lengths": stage.lengths}
         if stage.kind == "short":
-            return Mix(args.short_batch, 1.0, tasks, weights, bare=bare, pad=padded, icl=icl, gap=gap)
+            return Mix(args.short_batch, 1.0, tasks, weights, **opts)
         share = stage.share if stage.share is not None else args.short_share
-        return Mix(args.full_batch, share, tasks, weights, bare=bare, pad=padded, icl=icl, gap=gap)
+        return Mix(args.full_batch, share, tasks, weights, **opts)
 
     resets = {start for start, st in zip(stage_starts(args.stage_list), args.stage_list[1:], strict=True) if st.reset}
 
