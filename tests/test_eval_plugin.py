@@ -327,7 +327,7 @@ _PLAIN_GENERATE = """
     doc_to_target: "{{target}}"
     generation_kwargs:
       until: ["\\n"]
-      max_gen_toks: 16
+      max_gen_toks: 32
     metric_list:
       - metric: exact_match
 """
@@ -337,15 +337,16 @@ def test_plain_generate_until_task_scores_exact_match(tmp_path):
     """An ordinary generate_until task (string target, exact_match, no filters) through the registered name: lm-eval
     casts each gold answer to the answer's type, which crashed on the old ``str`` subclass."""
     model, tok = dlm_decode.load_model("demo-llada")
-    prompts = ["Copy the list: Alice, Bob, Carol", "Hello there"]
-    out = dlm_decode.generate(model, prompts, tokenizer=tok, gen_length=16, block_length=16)
+    # two prompts the demo model answers with a non-empty first line at 32 tokens (it learned padded 32-token answers)
+    prompts = ["Copy the list: Alice, Bob, Carol", 'copy ["Billy Ramos", "Alan Wells", "Grace Wright"]']
+    out = dlm_decode.generate(model, prompts, tokenizer=tok, gen_length=32, block_length=32)
     answers = [r.text.split("\n")[0] for r in out.rows]
     assert all(answers)  # non-empty, so matching one is not a coincidence of empty strings
     docs = [{"prompt": prompts[0], "target": answers[0]}, {"prompt": prompts[1], "target": answers[1] + " (not this)"}]
     tm = _local_task(tmp_path, "plain_gen", docs, _PLAIN_GENERATE)
     res = lm_eval.simple_evaluate(
         model="dlm_decode",
-        model_args="pretrained=demo-llada,gen_length=16,block_length=16,progress=false,device=cpu",
+        model_args="pretrained=demo-llada,gen_length=32,block_length=32,progress=false,device=cpu",
         tasks=["plain_gen"],
         task_manager=tm,
         bootstrap_iters=0,
