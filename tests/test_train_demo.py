@@ -763,3 +763,69 @@ def test_horizon_bins_each_answer_entry_by_its_token_distance(mini_pb, tok):
     assert all(lo % 4 == 0 for lo in res["bins"])
     with pytest.raises(SystemExit, match="--outputs"):
         hz.horizon({"tasks": [{"task": name}]}, tok, mini_pb)
+
+
+# ------------------------------------------------------------------------------------------ Dream warm start
+
+
+def test_rope_shift_matrix_moves_a_query_by_whole_positions():
+    from dlm_decode.models.common import apply_rope, rope_cos_sin
+
+    conv = _load("convert")
+    torch.manual_seed(0)
+    hd, theta = 16, 10000.0
+    q = torch.randn(1, 1, 5, hd)  # [B, H, Q, hd]
+    pos = torch.tensor([[0, 3, 7, 20, 41]])
+    for shift in (1, -2, 5):
+        rot = conv.rope_shift_matrix(hd, theta, shift).float()
+        lhs = apply_rope(q @ rot.T, *rope_cos_sin(pos, hd, theta), True)
+        rhs = apply_rope(q, *rope_cos_sin(pos + shift, hd, theta), True)
+        torch.testing.assert_close(lhs, rhs, atol=1e-5, rtol=1e-5)
+        assert (lhs - apply_rope(q, *rope_cos_sin(pos, hd, theta), True)).abs().max() > 0.1  # it did move
+    assert torch.equal(conv.rope_shift_matrix(hd, theta, 0), torch.eye(hd, dtype=torch.float64))
+
+
+def test_llada_to_dream_keeps_the_logits_and_the_query_shift_moves_the_last_layer(tok):
+    conv = _load("convert")
+    tr = _load("train")
+    torch.manual_seed(0)
+    size = tr.ModelSize(d_model=32, n_layers=2, n_heads=2, n_kv_heads=2, mlp_hidden=64)
+    llada = tr.make_model("llada", size, tok).eval()
+    with torch.no_grad():  # non-trivial norms so a dropped weight shows, sharp attention so a moved query shows
+        for name, p in llada.named_parameters():
+            if p.dim() == 1:
+                p.uniform_(0.5, 1.5)
+            elif "q_proj" in name or "k_proj" in name:
+                p.normal_(0.0, 0.5)
+    ids = torch.randint(3, len(tok), (2, 12))
+    ids[:, 8:] = tok.mask_token_id
+    dream = conv.llada_to_dream(llada, bos_token_id=tok.bos_token_id).eval()
+    assert type(dream).__name__ == "DreamModel" and dream.logit_shift == 1
+    assert dream.config.num_key_value_heads == 2 and dream.config.rms_norm_eps == llada.config.rms_norm_eps
+    with torch.no_grad():
+        want = llada(ids).logits
+        torch.testing.assert_close(dream(ids).logits, want, atol=1e-5, rtol=1e-5)
+        shifted = conv.llada_to_dream(llada, query_shift=1, shift_layers=1).eval()
+        got = shifted(ids).logits
+        assert (got - want).abs().max() > 1e-3  # the last layer's queries now look one slot further
+        # the first layer is untouched: with the last layer's shift undone by a second rotation, logits match again
+        back = conv.llada_to_dream(llada, query_shift=1, shift_layers=1)
+        rot = conv.rope_shift_matrix(16, llada.config.rope_theta, -1).float()
+        q = back.model.layers[-1].self_attn.q_proj.weight
+        q.copy_(torch.einsum("ij,hjd->hid", rot, q.view(2, 16, 32)).reshape(32, 32))
+        torch.testing.assert_close(back.eval()(ids).logits, want, atol=1e-4, rtol=1e-4)
+
+
+def test_convert_cli_writes_a_loadable_dream_and_refuses_a_dream_input(tok, tmp_path):
+    conv = _load("convert")
+    tr = _load("train")
+    size = tr.ModelSize(d_model=32, n_layers=2, n_heads=2, n_kv_heads=2, mlp_hidden=64)
+    src = tmp_path / "llada"
+    tr.export_model(tr.make_model("llada", size, tok), tok, src)
+    conv.main(["--llada", str(src), "--out", str(tmp_path / "dream"), "--query-shift", "1", "--shift-layers", "1"])
+    model, tok2 = dlm_decode.load_model(str(tmp_path / "dream"))
+    assert model.config.model_type == "Dream" and tok2.mask_token_id == tok.mask_token_id
+    with pytest.raises(SystemExit, match="not a LLaDA-architecture model"):
+        conv.main(["--llada", str(tmp_path / "dream"), "--out", str(tmp_path / "again")])
+    with pytest.raises(SystemExit, match="--shift-layers must be in"):
+        conv.main(["--llada", str(src), "--out", str(tmp_path / "x"), "--shift-layers", "3"])
