@@ -829,3 +829,26 @@ def test_convert_cli_writes_a_loadable_dream_and_refuses_a_dream_input(tok, tmp_
         conv.main(["--llada", str(tmp_path / "dream"), "--out", str(tmp_path / "again")])
     with pytest.raises(SystemExit, match="--shift-layers must be in"):
         conv.main(["--llada", str(src), "--out", str(tmp_path / "x"), "--shift-layers", "3"])
+
+
+def test_masked_accuracy_counts_right_answer_tokens_with_the_model_shift(tok, rows):
+    conv, tr = _load("convert"), _load("train")
+    batch = tr.collate(rows, tok.pad_token_id)
+
+    class Oracle(torch.nn.Module):  # hidden state = one-hot of the true token at (position + shift)
+        def __init__(self, shift: int, wrong: bool = False):
+            super().__init__()
+            self.logit_shift, self.mask_token_id, self.wrong = shift, tok.mask_token_id, wrong
+
+        def hidden_states(self, noisy, positions, key_mask):
+            ids = batch["input_ids"].roll(-self.logit_shift, dims=1)
+            ids = (ids + 1) % len(tok) if self.wrong else ids
+            return torch.nn.functional.one_hot(ids, len(tok)).float() * 20
+
+        def output_logits(self, h):
+            return h
+
+    assert conv.masked_accuracy(Oracle(0), [batch])[0] == 1.0
+    assert conv.masked_accuracy(Oracle(1), [batch])[0] == 1.0
+    acc, ce = conv.masked_accuracy(Oracle(0, wrong=True), [batch])
+    assert acc == 0.0 and ce > 10

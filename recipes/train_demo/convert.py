@@ -1,7 +1,12 @@
 """Start a Dream-architecture demo model from a trained LLaDA-architecture one (a warm start, not a checkpoint format
 conversion of official weights).
 
-    python recipes/train_demo/convert.py --llada RUN/export --out RUN2/init [--query-shift 1]
+    python recipes/train_demo/convert.py --llada RUN/export --out RUN2/init [--query-shift 1] [--shift-layers 1]
+    python recipes/train_demo/convert.py --llada demo-llada --compare   # which warm start reads best
+
+``--compare`` scores the variants (no shift; shift +1 / -1 in the last 1, 2 or all layers) by the share of masked
+answer tokens the Dream-layout model predicts right before any training: 128 fresh official-format rows of copy,
+reverse, remove_index and insert_index, answers masked at t ~ U(0, 1) as in training.
 
 Why: three Dream runs from fresh weights ended on the same plateau (first names found on the official prompts, last
 names never, README "Fifth round"), while the LLaDA demo model, trained with the same rows, reads both. The two
@@ -23,6 +28,7 @@ The number of layers and heads, the width and the vocabulary are the LLaDA model
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -99,13 +105,57 @@ def llada_to_dream(
     return dream
 
 
+def masked_accuracy(model: torch.nn.Module, batches: list[dict[str, torch.Tensor]]) -> tuple[float, float]:
+    """(share of masked response tokens predicted right, mean CE) with the model's own logit shift."""
+    from train import mask_response, step_generator  # recipes/train_demo siblings
+
+    right = total = 0
+    ces = []
+    model.eval()
+    with torch.no_grad():
+        for i, b in enumerate(batches):
+            noisy, masked, _ = mask_response(b, model.mask_token_id, step_generator(5, i))
+            positions = (b["valid"].long().cumsum(1) - 1).clamp(min=0)
+            hid = model.hidden_states(noisy, positions, key_mask=b["valid"])  # [B, T, d]
+            rows, cols = masked.nonzero(as_tuple=True)
+            logits = model.output_logits(hid[rows, cols - model.logit_shift])  # [M, V]
+            target = b["input_ids"][rows, cols]
+            right += int((logits.argmax(-1) == target).sum())
+            total += target.numel()
+            ces.append(float(torch.nn.functional.cross_entropy(logits, target)))
+    return right / total, sum(ces) / len(ces)
+
+
+def compare(llada: LLaDAModelLM, tok: object, data_dir: str) -> list[dict]:
+    """The warm-start variants scored by ``masked_accuracy`` on fresh official-format rows (seed 777)."""
+    from stream import Mix, RowStream
+    from train import collate
+
+    stream = RowStream(data_dir, tok, 777)
+    tasks = tuple(f"waiting_line/{t}" for t in ("copy", "reverse", "remove_index", "insert_index"))
+    batches = [collate([(p, r) for p, r, _ in stream.rows(s, Mix(32, 0.0, tasks))], tok.pad_token_id) for s in range(4)]
+    acc, ce = masked_accuracy(llada, batches)
+    out = [{"model": "llada (its own layout)", "acc": acc, "ce": ce}]
+    variants = [(0.0, None)] + [(s, n) for s in (1.0, -1.0) for n in (1, 2, None)]
+    for shift, layers in variants:
+        dream = llada_to_dream(llada, bos_token_id=tok.bos_token_id, query_shift=shift, shift_layers=layers)
+        acc, ce = masked_accuracy(dream, batches)
+        where = (layers or "all") if shift else 0
+        out.append({"model": "dream", "query_shift": shift, "shift_layers": where, "acc": acc, "ce": ce})
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--llada", required=True, help="exported LLaDA-architecture model directory (or demo-llada)")
-    ap.add_argument("--out", required=True, help="directory for the Dream-architecture model and tokenizer")
+    ap.add_argument("--out", help="directory for the Dream-architecture model and tokenizer")
+    ap.add_argument("--compare", action="store_true", help="score the warm-start variants instead of writing one")
+    ap.add_argument("--parallelbench", default="/work/shared/data/parallelbench", help="task configs for --compare")
     ap.add_argument("--query-shift", type=float, default=0.0, help="RoPE positions to rotate the queries by")
     ap.add_argument("--shift-layers", type=int, default=None, help="rotate the queries of the last N layers")
     args = ap.parse_args(argv)
+    if not args.compare and not args.out:
+        ap.error("--out is required (or --compare)")
     from dlm_decode.models import load_model
 
     model, tok = load_model(args.llada, dtype=torch.float32)
@@ -113,6 +163,11 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(f"--llada {args.llada}: not a LLaDA-architecture model (model_type {model.config.model_type!r})")
     if args.shift_layers is not None and not 0 <= args.shift_layers <= model.config.n_layers:
         sys.exit(f"--shift-layers must be in [0, {model.config.n_layers}], got {args.shift_layers}")
+    if args.compare:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        for line in compare(model, tok, args.parallelbench):
+            print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in line.items()}))
+        return
     dream = llada_to_dream(
         model, bos_token_id=tok.bos_token_id, query_shift=args.query_shift, shift_layers=args.shift_layers
     )
