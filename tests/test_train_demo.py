@@ -852,3 +852,26 @@ def test_masked_accuracy_counts_right_answer_tokens_with_the_model_shift(tok, ro
     assert conv.masked_accuracy(Oracle(1), [batch])[0] == 1.0
     acc, ce = conv.masked_accuracy(Oracle(0, wrong=True), [batch])
     assert acc == 0.0 and ce > 10
+
+
+def test_ship_card_names_the_origin_and_the_unmet_targets():
+    ship = _load("ship")
+    training = {
+        "arch": "dream",
+        "size": {"d_model": 128, "n_layers": 4, "n_heads": 4, "n_kv_heads": 4, "mlp_hidden": 384, "max_len": 512,
+                 "rope_theta": 10000.0},
+        "params": 1_190_000,
+        "step": 2000,
+        "train_seconds": 4800,
+        "args": {"stages": "full:2000", "short_batch": 64, "full_batch": 64, "short_share": 0.5, "task_weights": "",
+                 "lr": 3e-4, "warmup": 50, "weight_decay": 0.1, "seed": 17},
+    }  # fmt: skip
+    scores = {"scores": {"waiting_line/copy": 99.0, "waiting_line/sort": 4.0}, "strict": {"waiting_line/copy": 99.0,
+              "waiting_line/sort": 4.0}, "mean": 51.5}  # fmt: skip
+    text = ship.card("demo-dream", training, scores, "cmd", "", origin="warm-started from demo-llada and trained")
+    assert "`model_type` `Dream`" in text and "warm-started from demo-llada and trained on CPU" in text
+    assert (
+        "| waiting_line/copy | 99.0 | 99.0 | 95 (met) |" in text
+        and "| waiting_line/sort | 4.0 | 4.0 | 90 (**not" in text
+    )
+    assert "trained from scratch" in ship.card("demo-dream", training, scores, "cmd", "")

@@ -27,7 +27,13 @@ SHIPPED = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_conf
 
 
 def card(
-    name: str, training: dict, scores: dict | None, command: str, note: str, eval_command: str | None = None
+    name: str,
+    training: dict,
+    scores: dict | None,
+    command: str,
+    note: str,
+    eval_command: str | None = None,
+    origin: str = "trained from scratch",
 ) -> str:
     size, arch = training["size"], training["arch"]
     a = training["args"]
@@ -37,7 +43,7 @@ def card(
         f"# {name}",
         "",
         f"A tiny masked-diffusion LM in the official {'LLaDA' if arch == 'llada' else 'Dream'} checkpoint format "
-        f"(`model_type` `{'llada' if arch == 'llada' else 'Dream'}`, official parameter names), trained from scratch "
+        f"(`model_type` `{'llada' if arch == 'llada' else 'Dream'}`, official parameter names), {origin} "
         "on CPU by `recipes/train_demo` so that dlm_decode's samplers, caches and the ParallelBench runner have a "
         "real model to work on without downloads. It only knows the ParallelBench waiting-line and puzzle tasks.",
         "",
@@ -119,6 +125,11 @@ def main() -> None:
     ap.add_argument("--command", default="see recipes/train_demo/README.md")
     ap.add_argument("--note", default="")
     ap.add_argument("--eval-command", default=None, help="the command that produced --scores (shown in the card)")
+    ap.add_argument(
+        "--origin",
+        default="trained from scratch",
+        help="how the weights began, in the card's first sentence (e.g. a warm start from another demo model)",
+    )
     args = ap.parse_args()
 
     export = Path(args.run) / "export"
@@ -136,7 +147,9 @@ def main() -> None:
         if (export / f).is_file():
             shutil.copy2(export / f, tmp / f)
     fold_chat_template(tmp)
-    (tmp / "README.md").write_text(card(args.name, training, scores, args.command, args.note, args.eval_command))
+    (tmp / "README.md").write_text(
+        card(args.name, training, scores, args.command, args.note, args.eval_command, args.origin)
+    )
     if scores is not None:  # the measured scores, machine-readable (tests check the claims against the model)
         (tmp / "scores.json").write_text(json.dumps(scores, indent=1) + "\n")
     old = dest.with_name(dest.name + ".old")
