@@ -875,3 +875,53 @@ def test_ship_card_names_the_origin_and_the_unmet_targets():
         and "| waiting_line/sort | 4.0 | 4.0 | 90 (**not" in text
     )
     assert "trained from scratch" in ship.card("demo-dream", training, scores, "cmd", "")
+
+
+def test_exclusion_probe_masks_exactly_the_entry_the_others_pin(tok, mini_pb):
+    ex = _load("exclusion_probe")
+    from dlm_decode.parallelbench.tasks import load_task
+
+    rng = __import__("random").Random(3)
+    for name in ex.TASKS:
+        task = load_task(mini_pb, name)
+        for sample in task.samples:
+            people, new = list(sample["answer"]["input"]), sample["answer"].get("word")
+            answer, at = ex.one_missing(name, sample, rng)
+            rest = answer[:at] + answer[at + 1 :]
+            if name.endswith("shuffle"):
+                assert sorted(answer) == sorted(people)
+            else:  # the masked entry is the new person, and the others are the list minus what it replaced
+                assert answer[at] == new and len(answer) == len(people) + name.endswith("insert_random")
+                assert rest == (people if name.endswith("insert_random") else people[:at] + people[at + 1 :])
+            k0, k1 = ex.entry_span(tok, answer, at)
+            ids = tok(ex.list_text(answer), add_special_tokens=False)["input_ids"]
+            assert tok.decode(ids[k0:k1]).strip() == answer[at]
+
+    rows = ex.masked_rows(tok, load_task(mini_pb, "waiting_line/replace_random"), limit=4, seed=0)
+    truth = {}
+    for ids, lo, hi, want in rows:
+        assert (ids == tok.mask_token_id).sum() == hi - lo == want.numel() and (ids[lo:hi] == tok.mask_token_id).all()
+        full = ids.clone()
+        full[lo:hi] = want
+        truth[tuple(ids.tolist())] = full
+
+    class Reader(torch.nn.Module):  # knows each canvas's answer, or writes EOS into the masked entry
+        def __init__(self, knows: bool, shift: int):
+            super().__init__()
+            self.knows, self.logit_shift = knows, shift
+
+        def hidden_states(self, ids, positions):  # [1, T] -> [1, T, V]
+            out = (
+                truth[tuple(ids[0].tolist())]
+                if self.knows
+                else ids[0].masked_fill(ids[0] == tok.mask_token_id, tok.eos_token_id)
+            )
+            return torch.nn.functional.one_hot(out.roll(-self.logit_shift), len(tok)).float()[None] * 30
+
+        def output_logits(self, h):
+            return h
+
+    for shift in (0, 1):  # the LLaDA layout and Dream's (token i read from hidden i - 1)
+        good, bad = ex.probe_task(Reader(True, shift), rows), ex.probe_task(Reader(False, shift), rows)
+        assert good["right"] == 1.0 and good["p_first"] > 0.99 and good["n"] == 4
+        assert bad["right"] == 0.0 and bad["p_first"] < 0.01
