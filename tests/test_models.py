@@ -47,7 +47,9 @@ def test_auto_model_loads_dream_without_remote_code(tmp_path, shards):
     path = write_checkpoint(tmp_path / "ck", cfg, sd, shards=shards)
     model = AutoModel.from_pretrained(path, dtype=torch.float32)
     assert type(model) is DreamModel
-    torch.testing.assert_close(model(IDS).logits, reference_dream_logits(sd, cfg, IDS), atol=1e-5, rtol=1e-5)
+    # logits reach |10| here, so fp32 rounding of two summation orders (SDPA against the reference's softmax) is
+    # up to ~1.4e-5 on this machine's BLAS (seeds 0-11); 5e-5 is still 1e-6 of the scale, far below any real error
+    torch.testing.assert_close(model(IDS).logits, reference_dream_logits(sd, cfg, IDS), atol=5e-5, rtol=1e-5)
 
 
 def test_llada_key_padding_mask_matches_reference(llada_dir):
