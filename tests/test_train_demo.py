@@ -925,3 +925,19 @@ def test_exclusion_probe_masks_exactly_the_entry_the_others_pin(tok, mini_pb):
         good, bad = ex.probe_task(Reader(True, shift), rows), ex.probe_task(Reader(False, shift), rows)
         assert good["right"] == 1.0 and good["p_first"] > 0.99 and good["n"] == 4
         assert bad["right"] == 0.0 and bad["p_first"] < 0.01
+
+
+def test_ship_card_takes_the_size_from_the_config_of_an_init_run():
+    ship = _load("ship")
+    flags = {"d_model": 128, "n_layers": 4, "n_heads": 4, "n_kv_heads": 2, "mlp_hidden": 384, "max_len": 512,
+             "rope_theta": 10000.0}  # fmt: skip
+    assert ship.model_size({"size": flags}) == flags  # a run from fresh weights: its flags
+    dream = {"model_type": "Dream", "hidden_size": 64, "num_hidden_layers": 3, "num_attention_heads": 4,
+             "num_key_value_heads": 4, "intermediate_size": 96, "max_position_embeddings": 256,
+             "rope_theta": 500.0}  # fmt: skip
+    got = ship.model_size({"size": flags, "config": dream})
+    assert got == {"d_model": 64, "n_layers": 3, "n_heads": 4, "n_kv_heads": 4, "mlp_hidden": 96, "max_len": 256,
+                   "rope_theta": 500.0}  # fmt: skip
+    llada = {"model_type": "llada", "d_model": 32, "n_layers": 2, "n_heads": 2, "n_kv_heads": 1, "mlp_hidden_size": 48,
+             "max_sequence_length": 128, "rope_theta": 1e4}  # fmt: skip
+    assert ship.model_size({"size": flags, "config": llada})["n_kv_heads"] == 1

@@ -26,6 +26,21 @@ ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 
 
+def model_size(training: dict) -> dict:
+    """The shipped model's size: from its config when the run started from ``--init`` (the size flags are ignored
+    then, so ``training["size"]`` holds the flags' defaults), else the run's size flags."""
+    cfg = training.get("config")
+    if not cfg:
+        return training["size"]
+    if cfg.get("model_type") == "llada":
+        keys = ("d_model", "n_layers", "n_heads", "n_kv_heads", "mlp_hidden_size", "max_sequence_length", "rope_theta")
+    else:
+        keys = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "intermediate_size",
+                "max_position_embeddings", "rope_theta")  # fmt: skip
+    names = ("d_model", "n_layers", "n_heads", "n_kv_heads", "mlp_hidden", "max_len", "rope_theta")
+    return dict(zip(names, (cfg[k] for k in keys), strict=True))
+
+
 def card(
     name: str,
     training: dict,
@@ -35,7 +50,7 @@ def card(
     eval_command: str | None = None,
     origin: str = "trained from scratch",
 ) -> str:
-    size, arch = training["size"], training["arch"]
+    size, arch = model_size(training), training["arch"]
     a = training["args"]
     minutes = training["train_seconds"] / 60
     stride = f" --stride {scores['stride']}" if scores and scores.get("stride", 1) > 1 else ""
@@ -70,7 +85,8 @@ def card(
         "- objective: LLaDA SFT (prompt never masked; response = answer + `<|eot_id|>` + `<|endoftext|>` padding "
         "to 32 / 64 tokens, masked at ratio t ~ U(0.001, 1), CE / t / response length)",
         f"- curriculum `{a['stages']}` ({training['step']} steps run): short stages at batch {a['short_batch']}, "
-        f"full stages at batch {a['full_batch']} with {a['short_share']:g} of each batch short rows; task weights "
+        f"full stages at batch {a['full_batch']} with {a['short_share']:g} of each batch short rows (a stage's "
+        "`{share=...}` overrides it); task weights "
         f"`{a['task_weights']}`; AdamW lr {a['lr']:g} (warm-up {a['warmup']}, constant, linear decay at the end), "
         f"weight decay {a['weight_decay']:g}, seed {a['seed']}",
         f"- wall time: {minutes:.0f} min of training on a shared 2-core CPU (1 thread, evaluation excluded)",
