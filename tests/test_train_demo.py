@@ -894,7 +894,7 @@ def test_exclusion_probe_masks_exactly_the_entry_the_others_pin(tok, mini_pb):
                 assert answer[at] == new and len(answer) == len(people) + name.endswith("insert_random")
                 assert rest == (people if name.endswith("insert_random") else people[:at] + people[at + 1 :])
             k0, k1 = ex.entry_span(tok, answer, at)
-            ids = tok(ex.list_text(answer), add_special_tokens=False)["input_ids"]
+            ids = tok(list_to_str(answer), add_special_tokens=False)["input_ids"]
             assert tok.decode(ids[k0:k1]).strip() == answer[at]
 
     rows = ex.masked_rows(tok, load_task(mini_pb, "waiting_line/replace_random"), limit=4, seed=0)
@@ -905,18 +905,21 @@ def test_exclusion_probe_masks_exactly_the_entry_the_others_pin(tok, mini_pb):
         full[lo:hi] = want
         truth[tuple(ids.tolist())] = full
 
-    class Reader(torch.nn.Module):  # knows each canvas's answer, or writes EOS into the masked entry
+    from dlm_decode.models.common import DiffusionLMMixin
+
+    class Reader(DiffusionLMMixin, torch.nn.Module):  # knows each canvas's answer, or writes EOS into the masked entry
         def __init__(self, knows: bool, shift: int):
             super().__init__()
             self.knows, self.logit_shift = knows, shift
 
-        def hidden_states(self, ids, positions):  # [1, T] -> [1, T, V]
+        def hidden_states(self, ids, positions, *, rows=None, **_):  # [1, T] -> [1, T or rows, V], via denoise
             out = (
                 truth[tuple(ids[0].tolist())]
                 if self.knows
                 else ids[0].masked_fill(ids[0] == tok.mask_token_id, tok.eos_token_id)
             )
-            return torch.nn.functional.one_hot(out.roll(-self.logit_shift), len(tok)).float()[None] * 30
+            hid = torch.nn.functional.one_hot(out.roll(-self.logit_shift), len(tok)).float()[None] * 30
+            return hid if rows is None else hid[:, rows]
 
         def output_logits(self, h):
             return h

@@ -106,20 +106,15 @@ def llada_to_dream(
 
 
 def masked_accuracy(model: torch.nn.Module, batches: list[dict[str, torch.Tensor]]) -> tuple[float, float]:
-    """(share of masked response tokens predicted right, mean CE) with the model's own logit shift."""
-    from train import mask_response, step_generator  # recipes/train_demo siblings
+    """(share of masked response tokens predicted right, mean CE), masked as in training (``train.masked_logits``)."""
+    from train import masked_logits, step_generator  # recipes/train_demo siblings
 
     right = total = 0
     ces = []
     model.eval()
     with torch.no_grad():
         for i, b in enumerate(batches):
-            noisy, masked, _ = mask_response(b, model.mask_token_id, step_generator(5, i))
-            positions = (b["valid"].long().cumsum(1) - 1).clamp(min=0)
-            hid = model.hidden_states(noisy, positions, key_mask=b["valid"])  # [B, T, d]
-            rows, cols = masked.nonzero(as_tuple=True)
-            logits = model.output_logits(hid[rows, cols - model.logit_shift])  # [M, V]
-            target = b["input_ids"][rows, cols]
+            logits, target, _, _ = masked_logits(model, b, step_generator(5, i))  # [M, V], [M]
             right += int((logits.argmax(-1) == target).sum())
             total += target.numel()
             ces.append(float(torch.nn.functional.cross_entropy(logits, target)))
@@ -163,8 +158,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(f"--llada {args.llada}: not a LLaDA-architecture model (model_type {model.config.model_type!r})")
     if args.shift_layers is not None and not 0 <= args.shift_layers <= model.config.n_layers:
         sys.exit(f"--shift-layers must be in [0, {model.config.n_layers}], got {args.shift_layers}")
-    if args.compare:
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
+    if args.compare:  # train.py / stream.py are importable: this script's folder is on sys.path
         for line in compare(model, tok, args.parallelbench):
             print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in line.items()}))
         return

@@ -27,11 +27,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from stream import encode_row  # noqa: E402
 
+from dlm_decode.parallelbench.generator import list_to_str  # noqa: E402
+
 TASKS = ("waiting_line/replace_random", "waiting_line/insert_random", "waiting_line/shuffle")
-
-
-def list_text(people: list[str]) -> str:
-    return "[" + ", ".join(f'"{p}"' for p in people) + "]"
 
 
 def one_missing(task: str, sample: dict, rng: random.Random) -> tuple[list[str], int]:
@@ -51,7 +49,7 @@ def one_missing(task: str, sample: dict, rng: random.Random) -> tuple[list[str],
 
 def entry_span(tok: Any, answer: list[str], at: int) -> tuple[int, int]:
     """Token span [k0, k1) of entry ``at``'s name inside the tokenised answer list."""
-    head = list_text(answer[:at])[:-1] + (", " if at else "") + '"'
+    head = list_to_str(answer[:at])[:-1] + (", " if at else "") + '"'
     k0 = len(tok(head, add_special_tokens=False)["input_ids"])
     k1 = len(tok(head + answer[at], add_special_tokens=False)["input_ids"])
     return k0, k1
@@ -65,7 +63,7 @@ def masked_rows(tok: Any, task: Any, limit: int, seed: int) -> list[tuple[torch.
     rows = []
     for sample in task.samples[:limit]:
         answer, at = one_missing(task.name, sample, rng)
-        prompt, resp = encode_row(tok, build_messages(task.config, sample), list_text(answer), 32)
+        prompt, resp = encode_row(tok, build_messages(task.config, sample), list_to_str(answer), 32)
         k0, k1 = entry_span(tok, answer, at)
         ids = torch.tensor(prompt + resp)  # [T]
         lo, hi = len(prompt) + k0, len(prompt) + k1
@@ -77,13 +75,10 @@ def masked_rows(tok: Any, task: Any, limit: int, seed: int) -> list[tuple[torch.
 
 def probe_task(model: Any, rows: list[tuple[torch.Tensor, int, int, torch.Tensor]]) -> dict[str, float]:
     """Share of rows whose masked entry is predicted right (argmax), mean p of its first token, and n."""
-    shift = model.logit_shift
     right, p_first = 0, 0.0
     for ids, lo, hi, want in rows:
-        with torch.no_grad():
-            positions = torch.arange(ids.numel())[None]
-            hid = model.hidden_states(ids[None], positions)[0]  # [T, d]
-            logits = model.output_logits(hid[lo - shift : hi - shift])  # [hi - lo, V]
+        with torch.no_grad():  # denoise applies the model's logit shift (Dream reads slot i from hidden i - 1)
+            logits = model.denoise(ids[None], torch.arange(ids.numel())[None], region=(lo, hi))[0]  # [hi - lo, V]
         right += bool(torch.equal(logits.argmax(-1), want))
         p_first += float(logits[0].softmax(-1)[want[0]])
     return {"right": right / len(rows), "p_first": p_first / len(rows), "n": len(rows)}

@@ -47,6 +47,7 @@ from typing import Any
 from dlm_decode.parallelbench.generator import (
     WAITING_LINE_OPS,
     generate_task,
+    list_to_str,
     load_names,
     random_answer,
     sample_key,
@@ -74,10 +75,6 @@ def lookup_query(sample: Mapping[str, Any], rng: random.Random) -> tuple[list[st
     unique = [p for p, f in zip(people, firsts, strict=True) if firsts.count(f) == 1] or people[:1]
     chosen = rng.sample(unique, rng.randint(1, len(unique)))
     return [p.split(" ", 1)[0] for p in chosen], chosen
-
-
-def _names_list(names: Sequence[str]) -> str:
-    return "[" + ", ".join(f'"{n}"' for n in names) + "]"
 
 
 def short_prompt(task: str, sample: Mapping[str, Any]) -> str:
@@ -222,13 +219,13 @@ class RowStream:
         """One find row (``lookup_query``): bare like the short rows, or ``full``: the official copy chat whose last
         user turn ends with the query line."""
         query, answer = lookup_query(sample, rng)
-        line = f"find {_names_list(query)}"
+        line = f"find {list_to_str(query)}"
         if full:
             messages = build_messages(self.configs[_LOOKUP_SOURCE], sample)
             messages[-1] = {**messages[-1], "content": messages[-1]["content"] + line + "\n"}
-            return self.encode(messages, _names_list(answer), gen_length)
+            return self.encode(messages, list_to_str(answer), gen_length)
         prompt = _with_gap(f"{line} {sample['input']['context']}", gap)
-        return self.text_row(prompt, _names_list(answer), gen_length, mix)
+        return self.text_row(prompt, list_to_str(answer), gen_length, mix)
 
     def short_row(
         self,

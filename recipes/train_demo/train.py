@@ -144,13 +144,11 @@ def mask_response(
     return torch.where(masked, torch.full_like(ids, mask_id), ids), masked, p_mask
 
 
-def diffusion_loss(
+def masked_logits(
     model: Any, batch: dict[str, torch.Tensor], generator: torch.Generator, eps: float = 1e-3, stratified: bool = False
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """LLaDA SFT loss: sum over masked response tokens of CE / p_mask, divided by the response length, batch mean.
-
-    The LM head runs only on the hidden states that predict masked tokens (hidden ``i - logit_shift``).
-    """
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Mask the responses (``mask_response``) and score the masked slots: logits [M, V] from hidden ``i -
+    logit_shift`` (the LM head runs only on those), their true ids [M], each one's batch row [M], and p_mask [B]."""
     core = model.module if hasattr(model, "module") else model
     noisy, masked, p_mask = mask_response(batch, core.mask_token_id, generator, eps, stratified)
     valid = batch["valid"]
@@ -158,9 +156,17 @@ def diffusion_loss(
     hid = core.hidden_states(noisy, positions, key_mask=valid)  # [B, T, d]
     rows, cols = masked.nonzero(as_tuple=True)
     logits = core.output_logits(hid[rows, cols - core.logit_shift])  # [M, V]
-    ce = F.cross_entropy(logits.float(), batch["input_ids"][rows, cols], reduction="none")  # [M]
+    return logits, batch["input_ids"][rows, cols], rows, p_mask
+
+
+def diffusion_loss(
+    model: Any, batch: dict[str, torch.Tensor], generator: torch.Generator, eps: float = 1e-3, stratified: bool = False
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """LLaDA SFT loss: sum over masked response tokens of CE / p_mask, divided by the response length, batch mean."""
+    logits, target, rows, p_mask = masked_logits(model, batch, generator, eps, stratified)
+    ce = F.cross_entropy(logits.float(), target, reduction="none")  # [M]
     weight = 1.0 / (p_mask[rows] * batch["response_length"][rows])
-    loss = (ce * weight).sum() / noisy.shape[0]
+    loss = (ce * weight).sum() / batch["input_ids"].shape[0]
     return loss, {"masked": int(rows.numel()), "ce": float(ce.detach().mean()) if rows.numel() else 0.0}
 
 
