@@ -10,9 +10,11 @@ loops for the same algorithms, with token identity checked (``versus_reference.p
 
 Prompts are waiting-line and puzzle chats regenerated with ``--seed`` (official test samples excluded; task configs
 and names come from the ParallelBench data directory). The baseline is ``low_confidence`` with ``steps = gen_length``
-(one token per step) and no cache. Each pair decodes the whole prompt set ``--warmup`` times untimed (the first of
-those also measures memory), then ``--repeats`` timed times; every figure is the median over repeats with the
-min-max spread. Reported per pair: NFE (mean forwards per row), tokens per step (gen_length / NFE), tokens/s
+(one token per step) and no cache, i.e. LLaDA's ``generate``. Each pair first decodes the whole prompt set
+``--warmup`` times untimed (at least once: the first pass measures memory and finds pairs that do not apply); then
+each of the ``--repeats`` timed passes decodes it once with every pair in turn (the order reversed on odd passes), so
+the ratios to the baseline compare runs taken side by side; every figure is the median over repeats with the min-max
+spread. Reported per pair: NFE (mean forwards per row), tokens per step (gen_length / NFE), tokens/s
 (generated tokens / decoding seconds, i.e. ``GenerateOutput.seconds``, tokenization excluded), latency per row
 (decoding seconds / rows; a batch's rows finish together), token-forwards per generated token (query slots the
 model computed / generated tokens: 1 slot per step per canvas slot without a cache), peak memory, K/V cache bytes,
@@ -44,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from tqdm.auto import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # versus_reference beside this file
@@ -222,16 +225,21 @@ def decode_all(model, tok, chats, kw: dict[str, Any], batch_size: int) -> dict[s
     }
 
 
-def bench_pair(model, tok, chats, samples, kw, args) -> dict[str, Any]:
+def warm_pair(model, tok, chats, kw, args) -> tuple[int | None, dict[str, Any]]:
+    """The untimed warm-up passes of one pair: (peak memory bytes of the first, the last pass's run)."""
     device = next(model.parameters()).device
-    mem = None
-    for w in range(args.warmup):
+    mem, run = None, None
+    for w in range(max(args.warmup, 1)):
         with PeakMemory(device) as pm:
             run = decode_all(model, tok, chats, kw, args.batch_size)
         if w == 0:
             mem = pm.bytes
-    runs = [decode_all(model, tok, chats, kw, args.batch_size) for _ in range(args.repeats)]
-    n, gen = len(chats), args.gen_length
+    return mem, run
+
+
+def summarize_pair(runs: list[dict[str, Any]], mem: int | None, samples, args) -> dict[str, Any]:
+    """One pair's row from its timed runs (medians and spreads over repeats; the first run's tokens and score)."""
+    n, gen = len(samples), args.gen_length
     run = runs[0]
     tps = [n * gen / r["seconds"] for r in runs]
     lat = [r["seconds"] / n for r in runs]
@@ -273,23 +281,40 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"{args.model} ships no tokenizer: the benchmark decodes chat prompts")
     common = {"gen_length": args.gen_length, "block_length": args.block_length, "temperature": 0.0, "seed": 0}
     pairs = [BASELINE] + [(s, c) for s in samplers for c in caches if (s, c) != BASELINE]
-    results: list[dict[str, Any]] = []
-    base: dict[str, Any] = {}
-    base_ids: list[list[int]] = []
+    # every pair is warmed up (and checked) first; then each repeat runs every pair once, the order reversed on odd
+    # repeats, so a pair's ratio to the baseline compares runs taken side by side, not minutes apart
+    kws: dict[tuple[str, str], dict[str, Any]] = {}
+    mems: dict[tuple[str, str], int | None] = {}
+    skipped: dict[tuple[str, str], str] = {}
     for s, c in pairs:
         kw = common | {"sampler": s, "sampler_options": s_opts.get(s, {}), "cache": c, "cache_options": c_opts.get(c)}
         fixed = get_sampler(s, s_opts.get(s)).fixed_budget
         kw["steps"] = args.gen_length if (s, c) == BASELINE or not fixed else args.gen_length // args.k
-        row: dict[str, Any] = {"sampler": s, "cache": c, "steps": kw["steps"] if fixed else None}
-        print(f"bench: {s} / {c}", file=sys.stderr)
+        print(f"bench: warm-up {s} / {c}", file=sys.stderr)
         try:
-            row |= bench_pair(model, tok, chats, samples, kw, args)
+            mems[(s, c)], _ = warm_pair(model, tok, chats, kw, args)
         except ValueError as e:
-            if not base:
+            if (s, c) == BASELINE:
                 raise SystemExit(f"the baseline failed: {e}") from None
-            row["skipped"] = str(e).splitlines()[0]
+            skipped[(s, c)] = str(e).splitlines()[0]
+            continue
+        kws[(s, c)] = kw
+    timed: dict[tuple[str, str], list[dict[str, Any]]] = {p: [] for p in kws}
+    for r in tqdm(range(args.repeats), desc="timed passes", disable=None):
+        for p in list(kws) if r % 2 == 0 else list(reversed(kws)):
+            timed[p].append(decode_all(model, tok, chats, kws[p], args.batch_size))
+    results: list[dict[str, Any]] = []
+    base: dict[str, Any] = {}
+    base_ids: list[list[int]] = []
+    for s, c in pairs:
+        fixed = get_sampler(s, s_opts.get(s)).fixed_budget
+        steps = kws[(s, c)]["steps"] if fixed and (s, c) in kws else None
+        row: dict[str, Any] = {"sampler": s, "cache": c, "steps": steps}
+        if (s, c) in skipped:
+            row["skipped"] = skipped[(s, c)]
             results.append(row)
             continue
+        row |= summarize_pair(timed[(s, c)], mems[(s, c)], samples, args)
         ids = row.pop("_ids")
         if not base:
             base, base_ids = row, ids

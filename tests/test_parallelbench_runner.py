@@ -302,6 +302,29 @@ def test_bench_speed_prints_one_json_line_last(tok_dir, capsys):
     assert "token_forwards_per_token" in thr and "peak_mem_mb" in thr and out["memory"]
 
 
+@needs_data
+def test_bench_speed_interleaves_the_timed_passes(tok_dir, capsys, monkeypatch):
+    """Warm-up passes first, pair by pair; then every timed pass runs each pair once, the order reversed on odd
+    passes, so a ratio to the baseline compares runs taken side by side."""
+    spec = importlib.util.spec_from_file_location("bench_speed", REPO / "benchmarks" / "bench_speed.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    calls, real = [], bench.decode_all
+
+    def recorded(model, tok, chats, kw, batch_size):
+        calls.append(kw["sampler"][0] + kw["cache"][0])  # "ln": low_confidence/none, "tn", "td": threshold/dual
+        return real(model, tok, chats, kw, batch_size)
+
+    monkeypatch.setattr(bench, "decode_all", recorded)
+    argv = ["--model", str(tok_dir), "--data", str(SHARED_DATA), "--tasks", "waiting_line/copy", "--prompts", "1"]
+    argv += ["--batch-size", "1", "--gen-length", "8", "--repeats", "3", "--warmup", "1"]
+    assert bench.main(argv + ["--samplers", "low_confidence,threshold", "--caches", "none,dual"]) == 0
+    pairs = ["ln", "ld", "tn", "td"]
+    assert calls == pairs + pairs + pairs[::-1] + pairs
+    out = _last_json(capsys.readouterr().out)
+    assert [r["sampler"][0] + r["cache"][0] for r in out["results"]] == pairs
+
+
 # The shipped demo models decode official samples one token per step and solve them (decoded here, not read from
 # scores.json; fp32 at T=0 is deterministic, so a weight, tokenizer or decode-loop change that breaks reading the
 # prompt shows as a drop). demo-llada (runs v6 -> v13 -> v15): reverse and copy of six people (official samples

@@ -350,7 +350,7 @@ def test_resume_from_checkpoint_is_exact(tok, tmp_path, mini_pb):
     tr = _load("train")
     tok.save_pretrained(tmp_path / "tok")
     common = ["--parallelbench", str(mini_pb), "--tokenizer", str(tmp_path / "tok"), "--d-model", "32"]
-    common += ["--n-layers", "1", "--n-heads", "2", "--mlp-hidden", "64"]
+    common += ["--n-layers", "1", "--n-heads", "2", "--mlp-hidden", "64", "--rope-theta", "5e5"]
     common += ["--stages", "short:2,full{lr=5e-4,reset,share=0.5,icl=0.5}:2"]
     common += ["--short-batch", "6", "--full-batch", "4", "--save-every", "2", "--eval-every", "4"]
     common += ["--eval-samples", "1", "--warmup", "1", "--threads", "1", "--export-every", "0"]
@@ -378,6 +378,7 @@ def test_resume_from_checkpoint_is_exact(tok, tmp_path, mini_pb):
     assert set(log_a[-1]["eval"]) == {t for t in _load("stream").TASKS} | {f"short/{t}" for t in _load("stream").TASKS}
     cfg = json.loads((tmp_path / "a" / "export" / "config.json").read_text())
     assert cfg["model_type"] == "llada" and cfg["mask_token_id"] == tok.mask_token_id == 2
+    assert cfg["rope_theta"] == 5e5  # --rope-theta reaches the exported config
     assert cfg["eos_token_id"] == cfg["pad_token_id"] == tok.eos_token_id == 1
     tok_cfg = json.loads((tmp_path / "a" / "export" / "tokenizer_config.json").read_text())
     assert tok_cfg["tokenizer_class"] == "PreTrainedTokenizerFast" and "<|eot_id|>" in tok_cfg["chat_template"]

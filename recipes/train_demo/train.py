@@ -429,6 +429,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--n-kv-heads", type=int, default=None, help="default: n_heads (LLaDA), n_heads/2 (Dream)")
     ap.add_argument("--mlp-hidden", type=int, default=384)
     ap.add_argument(
+        "--rope-theta",
+        type=float,
+        default=10000.0,
+        help="RoPE base (config rope_theta); a larger base leaves more of each head free of position for matching by content",
+    )
+    ap.add_argument(
         "--tie-embeddings",
         action="store_true",
         help="LLaDA only: output projection = input embedding (config weight_tying), so copying a prompt token only "
@@ -552,7 +558,15 @@ def main(argv: list[str] | None = None) -> None:
     total = sum(st.steps for st in args.stage_list)
 
     kv = args.n_kv_heads or (args.n_heads if args.arch == "llada" else max(args.n_heads // 2, 1))
-    size = ModelSize(args.d_model, args.n_layers, args.n_heads, kv, args.mlp_hidden, tie_embeddings=args.tie_embeddings)
+    size = ModelSize(
+        args.d_model,
+        args.n_layers,
+        args.n_heads,
+        kv,
+        args.mlp_hidden,
+        rope_theta=args.rope_theta,
+        tie_embeddings=args.tie_embeddings,
+    )
     torch.manual_seed(args.seed)
     if args.init:
         from dlm_decode.models import load_model
