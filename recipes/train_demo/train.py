@@ -432,7 +432,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--rope-theta",
         type=float,
         default=10000.0,
-        help="RoPE base (config rope_theta); a larger base leaves more of each head free of position for matching by content",
+        help="RoPE base (config rope_theta) of a fresh model; a larger base leaves more of each head free of "
+        "position, for matching by content",
     )
     ap.add_argument(
         "--tie-embeddings",
