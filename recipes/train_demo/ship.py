@@ -84,6 +84,8 @@ def card(
         "answer per row",
         "- objective: LLaDA SFT (prompt never masked; response = answer + `<|eot_id|>` + `<|endoftext|>` padding "
         "to 32 / 64 tokens, masked at ratio t ~ U(0.001, 1), CE / t / response length)",
+        "- limits: decodes at the gen length it was trained for (32 waiting line, 64 puzzles) only; longer gen "
+        "lengths garble or empty the answer (the answers it learned end in padding to exactly that length)",
         f"- curriculum `{a['stages']}` ({training['step']} steps run): short stages at batch {a['short_batch']}, "
         f"full stages at batch {a['full_batch']} with {a['short_share']:g} of each batch short rows (a stage's "
         "`{share=...}` overrides it); task weights "
