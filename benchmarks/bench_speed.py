@@ -225,16 +225,16 @@ def decode_all(model, tok, chats, kw: dict[str, Any], batch_size: int) -> dict[s
     }
 
 
-def warm_pair(model, tok, chats, kw, args) -> tuple[int | None, dict[str, Any]]:
-    """The untimed warm-up passes of one pair: (peak memory bytes of the first, the last pass's run)."""
+def warm_pair(model, tok, chats, kw, args) -> int | None:
+    """The untimed warm-up passes of one pair (at least one); the peak memory bytes of the first."""
     device = next(model.parameters()).device
-    mem, run = None, None
+    mem = None
     for w in range(max(args.warmup, 1)):
         with PeakMemory(device) as pm:
-            run = decode_all(model, tok, chats, kw, args.batch_size)
+            decode_all(model, tok, chats, kw, args.batch_size)
         if w == 0:
             mem = pm.bytes
-    return mem, run
+    return mem
 
 
 def summarize_pair(runs: list[dict[str, Any]], mem: int | None, samples, args) -> dict[str, Any]:
@@ -283,20 +283,21 @@ def main(argv: list[str] | None = None) -> int:
     pairs = [BASELINE] + [(s, c) for s in samplers for c in caches if (s, c) != BASELINE]
     # every pair is warmed up (and checked) first; then each repeat runs every pair once, the order reversed on odd
     # repeats, so a pair's ratio to the baseline compares runs taken side by side, not minutes apart
-    kws: dict[tuple[str, str], dict[str, Any]] = {}
+    heads: dict[tuple[str, str], dict[str, Any]] = {}  # each pair's row as far as its settings go
+    kws: dict[tuple[str, str], dict[str, Any]] = {}  # the pairs that apply: their decoding options
     mems: dict[tuple[str, str], int | None] = {}
-    skipped: dict[tuple[str, str], str] = {}
     for s, c in pairs:
         kw = common | {"sampler": s, "sampler_options": s_opts.get(s, {}), "cache": c, "cache_options": c_opts.get(c)}
         fixed = get_sampler(s, s_opts.get(s)).fixed_budget
         kw["steps"] = args.gen_length if (s, c) == BASELINE or not fixed else args.gen_length // args.k
+        heads[(s, c)] = {"sampler": s, "cache": c, "steps": kw["steps"] if fixed else None}
         print(f"bench: warm-up {s} / {c}", file=sys.stderr)
         try:
-            mems[(s, c)], _ = warm_pair(model, tok, chats, kw, args)
+            mems[(s, c)] = warm_pair(model, tok, chats, kw, args)
         except ValueError as e:
             if (s, c) == BASELINE:
                 raise SystemExit(f"the baseline failed: {e}") from None
-            skipped[(s, c)] = str(e).splitlines()[0]
+            heads[(s, c)]["skipped"] = str(e).splitlines()[0]
             continue
         kws[(s, c)] = kw
     timed: dict[tuple[str, str], list[dict[str, Any]]] = {p: [] for p in kws}
@@ -306,15 +307,12 @@ def main(argv: list[str] | None = None) -> int:
     results: list[dict[str, Any]] = []
     base: dict[str, Any] = {}
     base_ids: list[list[int]] = []
-    for s, c in pairs:
-        fixed = get_sampler(s, s_opts.get(s)).fixed_budget
-        steps = kws[(s, c)]["steps"] if fixed and (s, c) in kws else None
-        row: dict[str, Any] = {"sampler": s, "cache": c, "steps": steps}
-        if (s, c) in skipped:
-            row["skipped"] = skipped[(s, c)]
+    for p in pairs:
+        row = heads[p]
+        if p not in kws:
             results.append(row)
             continue
-        row |= summarize_pair(timed[(s, c)], mems[(s, c)], samples, args)
+        row |= summarize_pair(timed[p], mems[p], samples, args)
         ids = row.pop("_ids")
         if not base:
             base, base_ids = row, ids
