@@ -379,6 +379,12 @@ def test_resume_from_checkpoint_is_exact(tok, tmp_path, mini_pb):
     cfg = json.loads((tmp_path / "a" / "export" / "config.json").read_text())
     assert cfg["model_type"] == "llada" and cfg["mask_token_id"] == tok.mask_token_id == 2
     assert cfg["rope_theta"] == 5e5  # --rope-theta reaches the exported config
+    # with --init the model keeps its own base unless --rope-theta names another, which then reaches the export
+    cont = [*common[: common.index("--d-model")], "--init", str(tmp_path / "a" / "export"), "--threads", "1"]
+    cont += ["--stages", "short:1", "--short-batch", "2", "--eval-every", "0", "--export-every", "0", "--warmup", "1"]
+    for out, extra, base in (("c", [], 5e5), ("d", ["--rope-theta", "1e6"], 1e6)):
+        tr.main([*cont, *extra, "--out", str(tmp_path / out)])
+        assert json.loads((tmp_path / out / "export" / "config.json").read_text())["rope_theta"] == base
     assert cfg["eos_token_id"] == cfg["pad_token_id"] == tok.eos_token_id == 1
     tok_cfg = json.loads((tmp_path / "a" / "export" / "tokenizer_config.json").read_text())
     assert tok_cfg["tokenizer_class"] == "PreTrainedTokenizerFast" and "<|eot_id|>" in tok_cfg["chat_template"]
@@ -651,6 +657,41 @@ def test_find_rows_ask_for_last_names_by_first_name(mini_pb, tok):
         assert len(resp) == 32 and ("<|start_header_id|>" in text) == label.startswith("full/")
     assert tr.parse_stages("short[find+copy]:3")[0].tasks == (st.LOOKUP, "waiting_line/copy")
     assert tr.parse_weights("find=3") == {st.LOOKUP: 3.0}
+
+
+def test_exclude_rows_keep_the_people_the_remove_line_does_not_name(mini_pb, tok):
+    import random
+
+    st, tr, probe = _load("stream"), _load("train"), _load("probe")
+    sample = {"input": {"context": '["Ann Lee", "Bo Kim", "Ann Fox", "Cy Day"]'}}
+    people = json.loads(sample["input"]["context"])
+    sizes, orders = set(), set()
+    for seed in range(60):
+        named, kept = st.exclude_query(sample, random.Random(seed))
+        # kept and named split the list; the kept stay in list order, at least one of each
+        assert kept and named and sorted(kept + named) == sorted(people)
+        assert kept == [p for p in people if p in kept]
+        sizes.add(len(kept))
+        orders.add(tuple(named))
+    assert sizes == {1, 2, 3}
+    assert ("Bo Kim", "Ann Lee") in orders and ("Ann Lee", "Bo Kim") in orders  # the named come in any order
+    stream = st.RowStream(mini_pb, tok, seed=0)
+    rows = stream.rows(2, st.Mix(batch=10, short_share=0.5, tasks=(st.EXCLUDE,), bare=True, pad=True))
+    assert {label for _, _, label in rows} == {"short/aux/exclude", "full/aux/exclude"}
+    eot = tok.convert_tokens_to_ids("<|eot_id|>")
+    for prompt, resp, label in rows:
+        text = tok.decode(prompt)
+        answer = json.loads(tok.decode(resp[: resp.index(eot)]))
+        at = text.index("remove ") + 7
+        lists = list(re.finditer(r"\[[^\]]*\]", text))
+        named = json.loads(next(m.group() for m in lists if m.start() == at))
+        whole = json.loads([m.group() for m in lists if m.start() != at][-1])
+        assert answer == [p for p in whole if p not in named] and answer, text
+        assert len(resp) == 32 and ("<|start_header_id|>" in text) == label.startswith("full/")
+    assert tr.parse_stages("full[exclude+copy]:3")[0].tasks == (st.EXCLUDE, "waiting_line/copy")
+    assert tr.parse_weights("exclude=4") == {st.EXCLUDE: 4.0}
+    short = probe.find_rows(stream, 4, seed=1, full=False, padded=True, task=st.EXCLUDE)
+    assert all("remove [" in tok.decode(p) for p, _ in short)
 
 
 def test_probe_find_rows_are_short_or_official_copy_chats(tok, mini_pb):

@@ -25,7 +25,8 @@ and ``Ġ`` continuations (last names).
 
 ``--find N`` reads the look-up skill on N fresh find rows (``stream.LOOKUP``: people asked for by first name in a
 random order, so a last name has no position route), short (bare, padded as ``--padded`` says) and full (the official
-copy chat with the query line): teacher-forced parts and greedy exact match of each.
+copy chat with the query line): teacher-forced parts and greedy exact match of each. ``--exclude N`` reads the same
+on N exclude rows (``stream.EXCLUDE``: the list without the people a ``remove`` line names, a comparison by content).
 """
 
 from __future__ import annotations
@@ -43,7 +44,17 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from stream import TASKS, Mix, RowStream, eval_items, heldout, list_lengths, official_keys  # noqa: E402
+from stream import (  # noqa: E402
+    EXCLUDE,
+    LOOKUP,
+    TASKS,
+    Mix,
+    RowStream,
+    eval_items,
+    heldout,
+    list_lengths,
+    official_keys,
+)
 
 import dlm_decode  # noqa: E402
 from dlm_decode.parallelbench.generator import random_answer  # noqa: E402
@@ -163,12 +174,16 @@ def probe_rows_and_samples(
     return rows, samples
 
 
-def find_rows(stream: RowStream, n: int, seed: int, full: bool, padded: bool) -> list[tuple[list[int], list[int]]]:
-    """``n`` fresh find rows (``RowStream.lookup_row``), short or ``full``, drawn from held-out copy samples."""
+def find_rows(
+    stream: RowStream, n: int, seed: int, full: bool, padded: bool, task: str = LOOKUP
+) -> list[tuple[list[int], list[int]]]:
+    """``n`` fresh rows of a training-only ``task`` (find or exclude; ``RowStream.lookup_row``), short or ``full``,
+    drawn from held-out copy samples."""
     mix = Mix(n, 1.0, bare=True, pad=padded)
     rng = random.Random(seed)
     gen_length = max_new_tokens("waiting_line/copy")
-    return [stream.lookup_row(s, gen_length, mix, full, rng) for s in stream.samples("waiting_line/copy", n, seed)]
+    samples = stream.samples("waiting_line/copy", n, seed)
+    return [stream.lookup_row(s, gen_length, mix, full, rng, task=task) for s in samples]
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -183,6 +198,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--padded", action="store_true", help="answers padded with EOS to the task's gen length")
     ap.add_argument("--icl", action="store_true", help="each row shows its in-context example and answer first")
     ap.add_argument("--find", type=int, default=0, help="also read look-up on N short and N full find rows")
+    ap.add_argument("--exclude", type=int, default=0, help="also read exclusion on N short and N full exclude rows")
     ap.add_argument("--len", default=None, help="people per short-row list, LO-HI (a stage's len); default the task's")
     args = ap.parse_args(argv)
     lengths = list_lengths(args.len, "--len") if args.len else None
@@ -218,12 +234,14 @@ def main(argv: list[str] | None = None) -> dict:
             )
             for t in args.tasks
         }
-    if args.find:
-        result["find"] = {}
+    for name, n, task in (("find", args.find, LOOKUP), ("exclude", args.exclude, EXCLUDE)):
+        if not n:
+            continue
+        result[name] = {}
         for kind in ("short", "full"):
-            rows = find_rows(stream, args.find, args.seed, kind == "full", args.padded)
+            rows = find_rows(stream, n, args.seed, kind == "full", args.padded, task)
             parts = teacher_forced_parts(model, rows, model.mask_token_id, skip, continuation)
-            result["find"][kind] = {"tf": parts, "exact": round(greedy_exact(model, tok, rows), 3)}
+            result[name][kind] = {"tf": parts, "exact": round(greedy_exact(model, tok, rows), 3)}
     result["seconds"] = round(time.perf_counter() - start, 1)
     print(json.dumps(result), flush=True)
     return result

@@ -27,6 +27,11 @@ that are functions of (run seed, step), so every batch is reproducible and a res
   one more line of its last user turn. The demo models retrieve by position only (given a first name they cannot
   produce its last name when the position route fails: official reverse of 5-6 people, the operand of insert); these
   rows have no position route.
+* **exclude rows** (``aux/exclude``, training only, when a stage names ``exclude``): ``remove ["Cy Fox", "Ann Lee"]
+  ["Ann Lee", "Bo Kim", "Cy Fox"]`` -> ``["Bo Kim"]``: the list without the named people (1..n-1 people are left, in
+  list order; the named ones in a random order). Short, or the official copy chat with the ``remove`` line appended.
+  This is the skill the random-output tasks lack (ninth round, ``exclusion_probe.py``): which people of the list are
+  not already written elsewhere, a comparison by content with no position route.
 
 Targets are drawn by ``random_answer`` afresh for every row: the random-output tasks (shuffle, insert / remove /
 replace at random, latin square) keep their real diversity (any valid answer), the others get their unique answer.
@@ -61,7 +66,8 @@ WAITING_LINE = _FIRST + tuple(op for op in WAITING_LINE_OPS if op not in _FIRST)
 TASKS = tuple(f"waiting_line/{op}" for op in WAITING_LINE) + ("puzzle/latin_square_n4", "puzzle/sudoku_n4_12")
 # training-only row kinds, never benchmark tasks; a stage takes them only when it names them
 LOOKUP = "aux/find"
-AUX_TASKS = (LOOKUP,)
+EXCLUDE = "aux/exclude"
+AUX_TASKS = (LOOKUP, EXCLUDE)
 STAGE_TASKS = TASKS + AUX_TASKS
 _LOOKUP_SOURCE = "waiting_line/copy"  # a find row's people are those of a generated copy sample
 
@@ -75,6 +81,20 @@ def lookup_query(sample: Mapping[str, Any], rng: random.Random) -> tuple[list[st
     unique = [p for p, f in zip(people, firsts, strict=True) if firsts.count(f) == 1] or people[:1]
     chosen = rng.sample(unique, rng.randint(1, len(unique)))
     return [p.split(" ", 1)[0] for p in chosen], chosen
+
+
+def exclude_query(sample: Mapping[str, Any], rng: random.Random) -> tuple[list[str], list[str]]:
+    """An exclude row's named people and answer: 1..n-1 of the list's people are kept (the answer, in list order),
+    the others are named in a random order, so which entry survives depends on who is named, not where."""
+    people = list(json.loads(sample["input"]["context"]))
+    kept = set(rng.sample(range(len(people)), rng.randint(1, max(len(people) - 1, 1))))
+    named = [p for i, p in enumerate(people) if i not in kept]
+    rng.shuffle(named)
+    return named, [p for i, p in enumerate(people) if i in kept]
+
+
+# the training-only row kinds: their query (sample, rng) -> (query list, answer list), and the word of their line
+_AUX = {LOOKUP: (lookup_query, "find"), EXCLUDE: (exclude_query, "remove")}
 
 
 def short_prompt(task: str, sample: Mapping[str, Any]) -> str:
@@ -178,11 +198,11 @@ class RowStream:
         gap_rng = random.Random(f"gap/{self.seed}/{step}")
         for (kind, task), n in sorted(wanted.items()):
             answer_rng = random.Random(rng.randrange(2**62))
-            if task == LOOKUP:
+            if task in _AUX:
                 gen_length = max_new_tokens(_LOOKUP_SOURCE)
                 for s in self.samples(_LOOKUP_SOURCE, n, rng.randrange(2**62), mix.lengths):
                     gap = self.filler(_LOOKUP_SOURCE, gap_rng, mix.gap) if kind == "short" else ""
-                    row = self.lookup_row(s, gen_length, mix, kind == "full", answer_rng, gap)
+                    row = self.lookup_row(s, gen_length, mix, kind == "full", answer_rng, gap, task)
                     out.append((*row, f"{kind}/{task}"))
                 continue
             gen_length = max_new_tokens(task)
@@ -215,11 +235,13 @@ class RowStream:
         full: bool,
         rng: random.Random,
         gap: str = "",
+        task: str = LOOKUP,
     ) -> tuple[list[int], list[int]]:
-        """One find row (``lookup_query``): bare like the short rows, or ``full``: the official copy chat whose last
-        user turn ends with the query line."""
-        query, answer = lookup_query(sample, rng)
-        line = f"find {list_to_str(query)}"
+        """One training-only row of ``task`` (find: ``lookup_query``, exclude: ``exclude_query``): bare like the
+        short rows, or ``full``: the official copy chat whose last user turn ends with the query line."""
+        make_query, word = _AUX[task]
+        query, answer = make_query(sample, rng)
+        line = f"{word} {list_to_str(query)}"
         if full:
             messages = build_messages(self.configs[_LOOKUP_SOURCE], sample)
             messages[-1] = {**messages[-1], "content": messages[-1]["content"] + line + "\n"}

@@ -431,9 +431,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument(
         "--rope-theta",
         type=float,
-        default=10000.0,
-        help="RoPE base (config rope_theta) of a fresh model; a larger base leaves more of each head free of "
-        "position, for matching by content",
+        default=None,
+        help="RoPE base (config rope_theta); default 10,000 for a fresh model, the initial model's own with --init "
+        "(given with --init, it replaces that base and the training re-learns the positions); a larger base leaves "
+        "more of each head free of position, for matching by content",
     )
     ap.add_argument(
         "--tie-embeddings",
@@ -565,7 +566,7 @@ def main(argv: list[str] | None = None) -> None:
         args.n_heads,
         kv,
         args.mlp_hidden,
-        rope_theta=args.rope_theta,
+        rope_theta=args.rope_theta or 10000.0,
         tie_embeddings=args.tie_embeddings,
     )
     torch.manual_seed(args.seed)
@@ -575,6 +576,9 @@ def main(argv: list[str] | None = None) -> None:
         model, _ = load_model(args.init, dtype=torch.float32, tokenizer=False)
         if model.logit_shift != (1 if args.arch == "dream" else 0):
             raise SystemExit(f"--init {args.init} is not a {args.arch} model; pass the matching --arch")
+        if args.rope_theta is not None:  # the rotary tables are built from the config at every forward
+            accelerator.print(f"RoPE base {model.config.rope_theta:g} -> {args.rope_theta:g}")
+            model.config.rope_theta = args.rope_theta
         accelerator.print(f"initialised from {args.init} (its architecture; the size flags are ignored)")
     else:
         model = make_model(args.arch, size, tok)
