@@ -85,6 +85,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="time dlm_decode against the re-stated reference loops instead (see versus_reference.py)",
     )
     p.add_argument("--vr-configs", default="256x1,256x8,1024x1", help="with --versus-reference: GENxBATCH,...")
+    p.add_argument(
+        "--vr-rows",
+        default=None,
+        help="with --versus-reference: comma-separated rows (default all: "
+        + ",".join(r.name for r in versus_reference.ROWS)
+        + ")",
+    )
     p.add_argument("--vr-steps", type=int, default=256, help="with --versus-reference: the fixed schedule's steps")
     p.add_argument("--gen-length", type=int, default=64)
     p.add_argument("--block-length", type=int, default=None, help="default: each sampler's own (32 or gen)")
@@ -121,6 +128,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--compile needs --warmup >= 1 (compiling happens there, untimed)")
     if args.versus_reference and args.dtype != "float32":
         p.error("--versus-reference compares token identity in float32 only")
+    if args.versus_reference:
+        versus_reference.parse_rows(args.vr_rows)  # a bad row name fails here, before the model is built
     if not args.versus_reference:
         args.model = args.model or "demo-llada"
     return args

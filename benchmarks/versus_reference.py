@@ -107,6 +107,18 @@ def parse_configs(spec: str) -> list[tuple[int, int]]:
     return out
 
 
+def parse_rows(spec: str | None) -> tuple[Row, ...]:
+    """``"threshold,threshold+dual"`` -> those ``ROWS`` in table order; None or "" -> every row."""
+    if not spec:
+        return ROWS
+    names = [p.strip() for p in spec.split(",") if p.strip()]
+    known = {r.name for r in ROWS}
+    unknown = [n for n in names if n not in known]
+    if unknown or not names:
+        raise SystemExit(f"--vr-rows: unknown {unknown or [spec]}; choose from {', '.join(r.name for r in ROWS)}")
+    return tuple(r for r in ROWS if r.name in names)
+
+
 def fixed_steps(gen: int, steps: int) -> int:
     """The fixed schedule's total steps at gen length ``gen``: ``steps`` capped at ``gen``, a multiple of the blocks."""
     blocks = gen // BLOCK_LENGTH
@@ -222,6 +234,7 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
     if args.threads:
         torch.set_num_threads(args.threads)
     configs = parse_configs(args.vr_configs)
+    rows = parse_rows(getattr(args, "vr_rows", None))
     compile = getattr(args, "compile", None)
     if compile and args.warmup < 1:
         raise SystemExit("--compile needs --warmup >= 1: compiling happens in the warm-up passes, untimed")
@@ -232,7 +245,7 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
     if compile:
         sides.append(("compiled", functools.partial(run_ours, model, compile=compile)))
     names = [side for side, _ in sides]
-    cases = [(gen, batch, row) for gen, batch in configs for row in ROWS]
+    cases = [(gen, batch, row) for gen, batch in configs for row in rows]
     times: dict[int, dict[str, list[float]]] = {i: {side: [] for side in names} for i in range(len(cases))}
     cpu_times: dict[int, dict[str, list[float]]] = {i: {side: [] for side in names} for i in range(len(cases))}
     first: dict[int, dict[str, float]] = {i: {} for i in range(len(cases))}
@@ -291,6 +304,8 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
     dual_over_none = []
     for gen, batch in configs:
         by = {r["row"]: r for r in results if (r["gen_length"], r["batch"]) == (gen, batch)}
+        if "threshold+dual" not in by or "threshold" not in by:  # --vr-rows left one of them out
+            continue
         dual, none = by["threshold+dual"], by["threshold"]
         dual_over_none.append(
             {
@@ -324,6 +339,7 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
         "threshold": THRESHOLD,
         "fixed_steps": args.vr_steps,
         "configs": [f"{g}x{b}" for g, b in configs],
+        "rows": [r.name for r in rows],
         "repeats": args.repeats,
         "warmup": args.warmup,
         "seed": args.seed,

@@ -224,6 +224,17 @@ def test_versus_reference_benchmark_runs_and_finds_identical_tokens(llada_dir, c
     assert all(r["nfe_reference"] == r["nfe_ours"] > 0 for r in out["results"])
     assert {(d["gen_length"], d["batch"]) for d in out["threshold_dual_over_threshold"]} == {(32, 1), (32, 2)}
 
+    # --vr-rows picks rows (the dual-over-none ratio needs both of its rows); a bad name fails before any work
+    assert (
+        bench.main([*argv[:4], "32x1", "--vr-rows", "threshold+prefix,threshold", "--repeats", "1", "--warmup", "0"])
+        == 0
+    )
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert [r["row"] for r in out["results"]] == ["threshold", "threshold+prefix"] == out["rows"]
+    assert out["all_identical"] and out["threshold_dual_over_threshold"] == []
+    with pytest.raises(SystemExit, match=r"--vr-rows: unknown \['dual'\]; choose from llada_generate"):
+        bench.main([*argv, "--vr-rows", "threshold,dual"])
+
 
 def test_region_end_follows_every_block_end_change(llada, monkeypatch):
     """The step's sync brings back the widest block end; a block end set anew (a sampler's variable block, a cut)
