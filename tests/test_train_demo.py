@@ -674,6 +674,11 @@ def test_exclude_rows_keep_the_people_the_remove_line_does_not_name(mini_pb, tok
         sizes.add(len(kept))
         orders.add(tuple(named))
     assert sizes == {1, 2, 3}
+    for seed in range(20):  # a missing row keeps exactly one person, whoever it is
+        named, kept = st.missing_query(sample, random.Random(seed))
+        assert len(kept) == 1 and sorted(kept + named) == sorted(people)
+        sizes.add(-people.index(kept[0]))
+    assert {0, -1, -2, -3} <= sizes
     assert ("Bo Kim", "Ann Lee") in orders and ("Ann Lee", "Bo Kim") in orders  # the named come in any order
     stream = st.RowStream(mini_pb, tok, seed=0)
     rows = stream.rows(2, st.Mix(batch=10, short_share=0.5, tasks=(st.EXCLUDE,), bare=True, pad=True))
@@ -692,6 +697,9 @@ def test_exclude_rows_keep_the_people_the_remove_line_does_not_name(mini_pb, tok
     assert tr.parse_weights("exclude=4") == {st.EXCLUDE: 4.0}
     short = probe.find_rows(stream, 4, seed=1, full=False, padded=True, task=st.EXCLUDE)
     assert all("remove [" in tok.decode(p) for p, _ in short)
+    missing = probe.find_rows(stream, 4, seed=1, full=True, padded=True, task=st.MISSING)
+    assert all(len(json.loads(tok.decode(a[: a.index(eot)]))) == 1 for _, a in missing)
+    assert tr.parse_stages("full[missing]:2")[0].tasks == (st.MISSING,)
 
 
 def test_probe_find_rows_are_short_or_official_copy_chats(tok, mini_pb):

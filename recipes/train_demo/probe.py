@@ -26,7 +26,8 @@ and ``Ġ`` continuations (last names).
 ``--find N`` reads the look-up skill on N fresh find rows (``stream.LOOKUP``: people asked for by first name in a
 random order, so a last name has no position route), short (bare, padded as ``--padded`` says) and full (the official
 copy chat with the query line): teacher-forced parts and greedy exact match of each. ``--exclude N`` reads the same
-on N exclude rows (``stream.EXCLUDE``: the list without the people a ``remove`` line names, a comparison by content).
+on N exclude rows (``stream.EXCLUDE``: the list without the people a ``remove`` line names, a comparison by content),
+``--missing N`` on N missing rows (``stream.MISSING``: all but one person named, the answer that one).
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from stream import (  # noqa: E402
     EXCLUDE,
     LOOKUP,
+    MISSING,
     TASKS,
     Mix,
     RowStream,
@@ -199,6 +201,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--icl", action="store_true", help="each row shows its in-context example and answer first")
     ap.add_argument("--find", type=int, default=0, help="also read look-up on N short and N full find rows")
     ap.add_argument("--exclude", type=int, default=0, help="also read exclusion on N short and N full exclude rows")
+    ap.add_argument("--missing", type=int, default=0, help="also read exclusion on N short and N full missing rows")
     ap.add_argument("--len", default=None, help="people per short-row list, LO-HI (a stage's len); default the task's")
     args = ap.parse_args(argv)
     lengths = list_lengths(args.len, "--len") if args.len else None
@@ -234,7 +237,11 @@ def main(argv: list[str] | None = None) -> dict:
             )
             for t in args.tasks
         }
-    for name, n, task in (("find", args.find, LOOKUP), ("exclude", args.exclude, EXCLUDE)):
+    for name, n, task in (
+        ("find", args.find, LOOKUP),
+        ("exclude", args.exclude, EXCLUDE),
+        ("missing", args.missing, MISSING),
+    ):
         if not n:
             continue
         result[name] = {}

@@ -31,7 +31,8 @@ that are functions of (run seed, step), so every batch is reproducible and a res
   ["Ann Lee", "Bo Kim", "Cy Fox"]`` -> ``["Bo Kim"]``: the list without the named people (1..n-1 people are left, in
   list order; the named ones in a random order). Short, or the official copy chat with the ``remove`` line appended.
   This is the skill the random-output tasks lack (ninth round, ``exclusion_probe.py``): which people of the list are
-  not already written elsewhere, a comparison by content with no position route.
+  not already written elsewhere, a comparison by content with no position route. ``aux/missing`` (``missing``): the
+  same with exactly one person kept, the simplest form of the question (no counting of the survivors).
 
 Targets are drawn by ``random_answer`` afresh for every row: the random-output tasks (shuffle, insert / remove /
 replace at random, latin square) keep their real diversity (any valid answer), the others get their unique answer.
@@ -67,7 +68,8 @@ TASKS = tuple(f"waiting_line/{op}" for op in WAITING_LINE) + ("puzzle/latin_squa
 # training-only row kinds, never benchmark tasks; a stage takes them only when it names them
 LOOKUP = "aux/find"
 EXCLUDE = "aux/exclude"
-AUX_TASKS = (LOOKUP, EXCLUDE)
+MISSING = "aux/missing"
+AUX_TASKS = (LOOKUP, EXCLUDE, MISSING)
 STAGE_TASKS = TASKS + AUX_TASKS
 _LOOKUP_SOURCE = "waiting_line/copy"  # a find row's people are those of a generated copy sample
 
@@ -83,18 +85,28 @@ def lookup_query(sample: Mapping[str, Any], rng: random.Random) -> tuple[list[st
     return [p.split(" ", 1)[0] for p in chosen], chosen
 
 
-def exclude_query(sample: Mapping[str, Any], rng: random.Random) -> tuple[list[str], list[str]]:
-    """An exclude row's named people and answer: 1..n-1 of the list's people are kept (the answer, in list order),
-    the others are named in a random order, so which entry survives depends on who is named, not where."""
+def exclude_query(
+    sample: Mapping[str, Any], rng: random.Random, keep: int | None = None
+) -> tuple[list[str], list[str]]:
+    """An exclude row's named people and answer: ``keep`` (default 1..n-1 at random) of the list's people are kept
+    (the answer, in list order), the others are named in a random order, so which entry survives depends on who is
+    named, not where."""
     people = list(json.loads(sample["input"]["context"]))
-    kept = set(rng.sample(range(len(people)), rng.randint(1, max(len(people) - 1, 1))))
+    kept = set(rng.sample(range(len(people)), keep or rng.randint(1, max(len(people) - 1, 1))))
     named = [p for i, p in enumerate(people) if i not in kept]
     rng.shuffle(named)
     return named, [p for i, p in enumerate(people) if i in kept]
 
 
+def missing_query(sample: Mapping[str, Any], rng: random.Random) -> tuple[list[str], list[str]]:
+    """An exclude row with one person kept: the one person of the list that the line does not name. This is the
+    exclusion probe's question (``exclusion_probe.py``) with the other people named in the prompt instead of on the
+    canvas; one answer entry, so no counting of survivors is needed."""
+    return exclude_query(sample, rng, keep=1)
+
+
 # the training-only row kinds: their query (sample, rng) -> (query list, answer list), and the word of their line
-_AUX = {LOOKUP: (lookup_query, "find"), EXCLUDE: (exclude_query, "remove")}
+_AUX = {LOOKUP: (lookup_query, "find"), EXCLUDE: (exclude_query, "remove"), MISSING: (missing_query, "remove")}
 
 
 def short_prompt(task: str, sample: Mapping[str, Any]) -> str:
