@@ -995,3 +995,41 @@ def test_ship_card_takes_the_size_from_the_config_of_an_init_run():
     llada = {"model_type": "llada", "d_model": 32, "n_layers": 2, "n_heads": 2, "n_kv_heads": 1, "mlp_hidden_size": 48,
              "max_sequence_length": 128, "rope_theta": 1e4}  # fmt: skip
     assert ship.model_size({"size": flags, "config": llada})["n_kv_heads"] == 1
+
+
+# ------------------------------------------------------------------------------------------ growing a model
+
+
+def test_grown_model_computes_the_old_logits_and_its_new_parts_train(tmp_path):
+    from dlm_decode.models.llada import LLaDAConfig, LLaDAModelLM
+
+    gr = _load("grow")
+    torch.manual_seed(0)
+    cfg = LLaDAConfig(d_model=32, n_layers=2, n_heads=4, n_kv_heads=4, mlp_hidden_size=48, vocab_size=50)
+    cfg.embedding_size, cfg.max_sequence_length, cfg.mask_token_id = 50, 64, 2
+    old = LLaDAModelLM(cfg).float().eval()
+    with torch.no_grad():  # trained-looking norms, so the sqrt(d / D) scaling is exercised
+        for name, p in old.named_parameters():
+            if name.endswith("norm.weight") or "ln_f" in name:
+                p.uniform_(0.5, 2.0)
+    ids = torch.randint(3, 50, (2, 20))
+    new = gr.grow(old, d_model=64, mlp_hidden=96, n_layers=3).eval()
+    c = new.config
+    assert (c.d_model, c.n_heads, c.mlp_hidden_size, c.n_layers) == (64, 8, 96, 3)
+    assert c.rms_norm_eps == pytest.approx(cfg.rms_norm_eps / 2)
+    with torch.no_grad():
+        ref = old(ids).logits
+        torch.testing.assert_close(new(ids).logits, ref, atol=1e-4, rtol=1e-4)
+    assert ref.abs().max() > 0.5  # logits with something in them
+    # the new heads, neurons and layer are not dead: one gradient step changes the logits
+    loss = new(ids).logits.logsumexp(-1).mean()
+    loss.backward()
+    assert new.model.transformer.blocks[2].attn_out.weight.grad.abs().max() > 0
+    assert new.model.transformer.blocks[0].ff_out.weight.grad[:, 48:].abs().max() > 0
+    with pytest.raises(SystemExit, match="must contain the old one"):
+        gr.grow(old, d_model=48 + 2, mlp_hidden=96, n_layers=3)
+    # a grown checkpoint saves and loads as an ordinary LLaDA checkpoint
+    new.save_pretrained(tmp_path / "g", safe_serialization=True)
+    again = LLaDAModelLM.from_pretrained(tmp_path / "g").eval()
+    with torch.no_grad():
+        torch.testing.assert_close(again(ids).logits, new(ids).logits)
