@@ -627,6 +627,16 @@ def test_probe_scores_random_output_rows_by_validity(tok, mini_pb):
         assert score_sample("waiting_line/shuffle", original, sample)["score"] < 1.0  # the unshuffled list is wrong
 
 
+def _aux_rows(st, mini_pb, tok, kind: str, step: int, batch: int) -> list[tuple[str, str, list[int], str]]:
+    """A step's rows of one training-only kind, half short and half full: (prompt text, answer text, response ids,
+    label)."""
+    stream = st.RowStream(mini_pb, tok, seed=0)
+    rows = stream.rows(step, st.Mix(batch=batch, short_share=0.5, tasks=(kind,), bare=True, pad=True))
+    assert {label for _, _, label in rows} == {f"short/{kind}", f"full/{kind}"}
+    eot = tok.convert_tokens_to_ids("<|eot_id|>")
+    return [(tok.decode(p), tok.decode(r[: r.index(eot)]), r, label) for p, r, label in rows]
+
+
 def test_find_rows_ask_for_last_names_by_first_name(mini_pb, tok):
     import random
 
@@ -641,13 +651,7 @@ def test_find_rows_ask_for_last_names_by_first_name(mini_pb, tok):
         assert query == [a.split(" ")[0] for a in answer]
         seen.add(tuple(answer))
     assert ("Cy Day", "Bo Kim") in seen and ("Bo Kim", "Cy Day") in seen and ("Bo Kim",) in seen
-    stream = st.RowStream(mini_pb, tok, seed=0)
-    rows = stream.rows(4, st.Mix(batch=12, short_share=0.5, tasks=(st.LOOKUP,), bare=True, pad=True))
-    assert {label for _, _, label in rows} == {"short/aux/find", "full/aux/find"}
-    eot = tok.convert_tokens_to_ids("<|eot_id|>")
-    for prompt, resp, label in rows:
-        text = tok.decode(prompt)
-        answer = tok.decode(resp[: resp.index(eot)])
+    for text, answer, resp, label in _aux_rows(st, mini_pb, tok, st.LOOKUP, step=4, batch=12):
         lists = list(re.finditer(r"\[[^\]]*\]", text))
         at = text.index("find ") + 5
         query = json.loads(next(m.group() for m in lists if m.start() == at))
@@ -681,13 +685,8 @@ def test_exclude_rows_keep_the_people_the_remove_line_does_not_name(mini_pb, tok
         survivors.add(kept[0])
     assert survivors == set(people)
     assert ("Bo Kim", "Ann Lee") in orders and ("Ann Lee", "Bo Kim") in orders  # the named come in any order
-    stream = st.RowStream(mini_pb, tok, seed=0)
-    rows = stream.rows(2, st.Mix(batch=10, short_share=0.5, tasks=(st.EXCLUDE,), bare=True, pad=True))
-    assert {label for _, _, label in rows} == {"short/aux/exclude", "full/aux/exclude"}
-    eot = tok.convert_tokens_to_ids("<|eot_id|>")
-    for prompt, resp, label in rows:
-        text = tok.decode(prompt)
-        answer = json.loads(tok.decode(resp[: resp.index(eot)]))
+    for text, answer, resp, label in _aux_rows(st, mini_pb, tok, st.EXCLUDE, step=2, batch=10):
+        answer = json.loads(answer)
         at = text.index("remove ") + 7
         lists = list(re.finditer(r"\[[^\]]*\]", text))
         named = json.loads(next(m.group() for m in lists if m.start() == at))
@@ -696,6 +695,7 @@ def test_exclude_rows_keep_the_people_the_remove_line_does_not_name(mini_pb, tok
         assert len(resp) == 32 and ("<|start_header_id|>" in text) == label.startswith("full/")
     assert tr.parse_stages("full[exclude+copy]:3")[0].tasks == (st.EXCLUDE, "waiting_line/copy")
     assert tr.parse_weights("exclude=4") == {st.EXCLUDE: 4.0}
+    stream, eot = st.RowStream(mini_pb, tok, seed=0), tok.convert_tokens_to_ids("<|eot_id|>")
     short = probe.find_rows(stream, 4, seed=1, full=False, padded=True, task=st.EXCLUDE)
     assert all("remove [" in tok.decode(p) for p, _ in short)
     missing = probe.find_rows(stream, 4, seed=1, full=True, padded=True, task=st.MISSING)
