@@ -1021,7 +1021,7 @@ def test_grown_model_computes_the_old_logits_and_its_new_parts_train(tmp_path):
         ref = old(ids).logits
         torch.testing.assert_close(new(ids).logits, ref, atol=1e-4, rtol=1e-4)
     assert ref.abs().max() > 0.5  # logits with something in them
-    # the new heads, neurons and layer are not dead: one gradient step changes the logits
+    # the new heads, neurons and layer are not dead: their zero output weights get a gradient
     loss = new(ids).logits.logsumexp(-1).mean()
     loss.backward()
     assert new.model.transformer.blocks[2].attn_out.weight.grad.abs().max() > 0

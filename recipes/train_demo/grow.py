@@ -19,8 +19,8 @@ learned route and adds room next to it (Net2Net-style function-preserving growth
 * depth: new layers go on top of the old ones with their attention and MLP outputs zero, so each is the identity
   until training moves it.
 
-The logits of the grown model equal the old model's (``--check`` prints the largest difference on a few official
-prompts; the tests check it on a tiny model). Only LLaDA-architecture models (``demo-dream`` starts from demo-llada
+The logits of the grown model equal the old model's (the script prints the largest difference on two rows of random
+ids; the tests check it on a tiny model). Only LLaDA-architecture models (``demo-dream`` starts from demo-llada
 with ``convert.py``).
 """
 

@@ -179,8 +179,8 @@ def probe_rows_and_samples(
 def find_rows(
     stream: RowStream, n: int, seed: int, full: bool, padded: bool, task: str = LOOKUP
 ) -> list[tuple[list[int], list[int]]]:
-    """``n`` fresh rows of a training-only ``task`` (find or exclude; ``RowStream.lookup_row``), short or ``full``,
-    drawn from held-out copy samples."""
+    """``n`` fresh rows of a training-only ``task`` (find, exclude or missing; ``RowStream.lookup_row``), short or
+    ``full``, drawn from held-out copy samples."""
     mix = Mix(n, 1.0, bare=True, pad=padded)
     rng = random.Random(seed)
     gen_length = max_new_tokens("waiting_line/copy")

@@ -249,7 +249,7 @@ class RowStream:
         gap: str = "",
         task: str = LOOKUP,
     ) -> tuple[list[int], list[int]]:
-        """One training-only row of ``task`` (find: ``lookup_query``, exclude: ``exclude_query``): bare like the
+        """One training-only row of ``task`` (``_AUX``: find, exclude, missing): bare like the
         short rows, or ``full``: the official copy chat whose last user turn ends with the query line."""
         make_query, word = _AUX[task]
         query, answer = make_query(sample, rng)
