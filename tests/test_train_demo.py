@@ -344,6 +344,44 @@ def test_stage_options_set_rate_share_icl_padding_and_reset(capsys):
     assert "--short-icl must be in [0, 1]" in capsys.readouterr().err
 
 
+def test_row_workers_build_the_rows_the_stream_builds(mini_pb, tok):
+    st, tr = _load("stream"), _load("train")
+    stream = st.RowStream(mini_pb, tok, seed=3)
+    small, large = st.Mix(batch=6, short_share=0.5), st.Mix(batch=10, short_share=1.0)
+    source = tr.RowSource(stream, workers=2, ahead=3)
+    try:
+
+        def mix_of(step: int):
+            return small if step < 4 else large
+
+        for step in [0, 1, 2, 3, 4, 5, 9, 10]:  # a stage change at 4, a jump (resume) to 9
+            got = source.rows(step, mix_of(step), mix_of)
+            assert got == stream.rows(step, mix_of(step)) and len(got) == mix_of(step).batch
+        assert set(source.pending) == {11, 12, 13}  # prefetched ahead
+        assert source.rows(11, small) == stream.rows(11, small)  # a prefetch for another mix is not used
+    finally:
+        source.close()
+    assert tr.RowSource(stream).rows(2, small) == stream.rows(2, small)  # no workers: built on the spot
+
+
+def test_time_limit_saves_exports_and_resumes(tok, tmp_path, mini_pb):
+    tr = _load("train")
+    tok.save_pretrained(tmp_path / "tok")
+    common = ["--parallelbench", str(mini_pb), "--tokenizer", str(tmp_path / "tok"), "--d-model", "32"]
+    common += ["--n-layers", "1", "--n-heads", "2", "--mlp-hidden", "64", "--stages", "short:5"]
+    common += ["--short-batch", "4", "--save-every", "4", "--eval-every", "0", "--warmup", "1", "--threads", "1"]
+    common += ["--export-every", "0", "--out", str(tmp_path / "r")]
+    tr.main([*common, "--time-limit", "1e-6"])  # past the limit after the first step
+    ckpts = tmp_path / "r" / "checkpoints"
+    assert (ckpts / "latest").read_text() == "step-0000001"  # saved although 1 is not a multiple of --save-every
+    assert json.loads((tmp_path / "r" / "export" / "training.json").read_text())["step"] == 1
+    tr.main([*common, "--resume"])
+    assert json.loads((tmp_path / "r" / "export" / "training.json").read_text())["step"] == 5
+    assert [json.loads(ln)["step"] for ln in (tmp_path / "r" / "log.jsonl").read_text().splitlines()] == [1, 2, 3, 4, 5]
+    with pytest.raises(SystemExit):
+        tr.parse_args(["--tokenizer", "t", "--out", "o", "--time-limit", "0"])
+
+
 def test_resume_from_checkpoint_is_exact(tok, tmp_path, mini_pb):
     from safetensors.torch import load_file
 
@@ -361,7 +399,8 @@ def test_resume_from_checkpoint_is_exact(tok, tmp_path, mini_pb):
     assert not list(ckpts.glob(".tmp*"))  # written to a temporary directory, then renamed into place
     assert json.loads((ckpts / "step-0000002" / "trainer_state.json").read_text())["step"] == 2
     assert not (tmp_path / "b" / "export").exists()
-    tr.main([*common, "--out", str(tmp_path / "b"), "--resume"])
+    # the resumed half builds its rows in two worker processes: the same batches, so the same weights
+    tr.main([*common, "--out", str(tmp_path / "b"), "--resume", "--row-workers", "2"])
     a = load_file(tmp_path / "a" / "export" / "model.safetensors")
     b = load_file(tmp_path / "b" / "export" / "model.safetensors")
     assert a.keys() == b.keys()

@@ -497,7 +497,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--export-every", type=int, default=500, help="also export the model every N steps")
     ap.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out")
     ap.add_argument("--stop-after", type=int, default=None, help="stop at this step (as if interrupted)")
+    ap.add_argument(
+        "--time-limit",
+        type=float,
+        default=None,
+        help="seconds of wall time (from start-up): at the first step past it, save a checkpoint, export and stop "
+        "(for a lease of fixed length; continue with --resume, and give more steps then to move the decay)",
+    )
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument(
+        "--row-workers",
+        type=int,
+        default=0,
+        help="processes that build the next steps' rows while the model trains (0: built in the training process); "
+        "the rows are a function of (seed, step), so the batches are the same with any number of workers",
+    )
     ap.add_argument(
         "--init",
         default=None,
@@ -508,9 +522,70 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for flag in ("short_share", "short_icl"):
         if not 0.0 <= getattr(args, flag) <= 1.0:
             ap.error(f"--{flag.replace('_', '-')} must be in [0, 1], got {getattr(args, flag)}")
+    if args.time_limit is not None and args.time_limit <= 0:
+        ap.error(f"--time-limit must be > 0 seconds, got {args.time_limit}")
+    if args.row_workers < 0:
+        ap.error(f"--row-workers must be >= 0, got {args.row_workers}")
     args.stage_list = parse_stages(args.stages)
     args.weights = parse_weights(args.task_weights)
     return args
+
+
+def _all_agree(accelerator: Any, flag: bool) -> bool:
+    """True on every process when it is true on any (clocks differ; a stop taken by one process alone would hang)."""
+    if accelerator.num_processes == 1:
+        return flag
+    t = torch.tensor([1.0 if flag else 0.0], device=accelerator.device)
+    return bool(accelerator.reduce(t, reduction="max").item() > 0)
+
+
+_WORKER_STREAM: Any = None  # the RowStream a row worker builds from (set before the fork)
+
+
+def _worker_rows(step: int, mix: Any) -> list:
+    return _WORKER_STREAM.rows(step, mix)
+
+
+class RowSource:
+    """``rows(step, mix)`` of a RowStream, built ``ahead`` steps in advance by ``workers`` forked processes.
+
+    The stream's rows are a function of (seed, step, mix), so prefetching changes only when they are built: the
+    training loop asks for consecutive steps, and a request that is not the prefetched one (a stage change, a resume)
+    is built on the spot. ``workers=0`` builds every step in the calling process."""
+
+    def __init__(self, stream: Any, workers: int = 0, ahead: int | None = None) -> None:
+        self.stream = stream
+        self.workers = workers
+        self.ahead = ahead if ahead is not None else 4 * workers
+        self.pending: dict[int, tuple[Any, Any]] = {}
+        self.pool = None
+        if workers > 0:
+            import multiprocessing
+
+            global _WORKER_STREAM
+            _WORKER_STREAM = stream
+            self.pool = multiprocessing.get_context("fork").Pool(workers)
+
+    def rows(self, step: int, mix: Any, upcoming: Any = None) -> list:
+        """The rows of ``step``; ``upcoming(s)`` gives the mix of a later step ``s`` (or None past the end)."""
+        if self.pool is None:
+            return self.stream.rows(step, mix)
+        want = self.pending.pop(step, None)
+        for s in [s for s in self.pending if s < step]:  # a jump (resume) leaves older prefetches unused
+            del self.pending[s]
+        if upcoming is not None:
+            for s in range(step + 1, step + 1 + self.ahead):
+                m = upcoming(s)
+                if m is not None and s not in self.pending:
+                    self.pending[s] = (m, self.pool.apply_async(_worker_rows, (s, m)))
+        if want is not None and want[0] == mix:
+            return want[1].get()
+        return self.stream.rows(step, mix)
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.terminate()
+            self.pool = None
 
 
 def _log_step(line: str) -> int:
@@ -535,6 +610,7 @@ def evaluate_heldout(model: Any, tok: Any, items: dict[str, tuple[list, list, in
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    started = time.monotonic()
     from accelerate import Accelerator
     from stream import TASKS, Mix, RowStream, eval_items, heldout, keys_of, official_keys
     from tqdm.auto import tqdm
@@ -553,6 +629,8 @@ def main(argv: list[str] | None = None) -> None:
     held_keys = keys_of(held)
     exclude = {t: official[t] | held_keys[t] for t in TASKS}
     stream = RowStream(args.parallelbench, tok, args.seed, exclude=exclude)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # the row workers are forked from this process
+    source = RowSource(stream, args.row_workers)
     evals = {
         "short": eval_items(held, args.parallelbench, short=True),
         "full": eval_items(held, args.parallelbench, False),
@@ -655,7 +733,9 @@ def main(argv: list[str] | None = None) -> None:
         stage_index, stage = stage_at(args.stage_list, step)
         if step in resets:  # fresh moments; the checkpoints after this step hold the new ones, so resume agrees
             getattr(opt, "optimizer", opt).state.clear()
-        rows = stream.rows(step, mix_for(stage))
+        rows = source.rows(
+            step, mix_for(stage), lambda s: mix_for(stage_at(args.stage_list, s)[1]) if s < total else None
+        )
         mine = rows[accelerator.process_index :: accelerator.num_processes]
         batch = collate([(p, r) for p, r, _ in mine], tok.pad_token_id)
         batch = {k: v.to(accelerator.device) for k, v in batch.items()}
@@ -708,7 +788,20 @@ def main(argv: list[str] | None = None) -> None:
             export_model(accelerator.unwrap_model(model), tok, run_dir / f"export-step{done}", card)
         if args.stop_after is not None and done >= args.stop_after:
             break
+        if (
+            args.time_limit is not None
+            and done < total
+            and _all_agree(accelerator, time.monotonic() - started > args.time_limit)
+        ):
+            if done % args.save_every:
+                save_checkpoint(accelerator, run_dir, done, {"elapsed": elapsed, "ema": ema})
+            if accelerator.is_main_process:
+                card = {"step": done, "train_seconds": round(elapsed), **meta}
+                export_model(accelerator.unwrap_model(model), tok, run_dir / "export", card)
+            accelerator.print(f"--time-limit {args.time_limit:g} s reached after step {done}")
+            break
     bar.close()
+    source.close()
     accelerator.print(f"done: {done} steps, {elapsed / 60:.1f} min of training")
 
 

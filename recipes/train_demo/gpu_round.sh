@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Several demo-model trainings side by side on one GPU lease (one GPU, ~16 cores), each stopped cleanly by
+# --time-limit (checkpoint + export), their exports and logs packed into $OUT (the lease's return folder) in
+# pieces of at most 15 MB.
+#
+#   bash recipes/train_demo/gpu_round.sh PB_DIR RUNS_DIR SECONDS RUN...
+#
+# RUN is one of the names below; each is a train.py command line (the rows are built by --row-workers processes,
+# so the small models keep the GPU busy). Run from the repository root without installing (PYTHONPATH).
+set -uo pipefail
+pb=${1:?PB_DIR}
+runs=${2:?RUNS_DIR}
+secs=${3:?SECONDS}
+shift 3
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+py=${PYTHON:-python3}
+mkdir -p "$runs"
+tok=recipes/train_demo/runs/tokenizer
+all=copy+reverse+sort+shuffle+insert_index+remove_index+replace_index+insert_random+remove_random+replace_random
+all=$all+latin_square_n4+sudoku_n4_12+missing
+weights=copy=0.5,reverse=0.5,sort=2,shuffle=2,insert_index=1.5,remove_index=0.5,replace_index=1.5
+weights=$weights,insert_random=2,remove_random=0.5,replace_random=2,latin_square_n4=1.5,sudoku_n4_12=1.5,missing=2
+full="full[$all]{share=0.5,pad=1,icl=0.5,gap=48}"
+common=(--parallelbench "$pb" --tokenizer "$tok" --task-weights "$weights" --warmup 100 --decay-steps 2000
+  --eval-every 0 --save-every 1000 --export-every 2000 --threads 1 --time-limit "$secs" --resume)
+
+launch() { # name, then train.py flags
+  local name=$1
+  shift
+  "$py" recipes/train_demo/train.py "${common[@]}" --out "$runs/$name" "$@" >"$runs/$name.out" 2>&1 &
+}
+
+for run in "$@"; do
+  case $run in
+  gA-llada) launch "$run" --arch llada --init dlm_decode/demo_models/demo-llada --stages "$full:100000" \
+    --full-batch 64 --lr 5e-4 --row-workers 2 ;;
+  gB-dream) launch "$run" --arch dream --init dlm_decode/demo_models/demo-dream --stages "$full:100000" \
+    --full-batch 64 --lr 5e-4 --row-workers 2 ;;
+  gC-llada-b256) launch "$run" --arch llada --init dlm_decode/demo_models/demo-llada --stages "$full:100000" \
+    --full-batch 256 --lr 1e-3 --row-workers 4 ;;
+  gD-grown)
+    [[ -d $runs/grown-init ]] || "$py" recipes/train_demo/grow.py --model dlm_decode/demo_models/demo-llada \
+      --out "$runs/grown-init" --d-model 256 --mlp-hidden 768 --n-layers 6
+    launch "$run" --arch llada --init "$runs/grown-init" --stages "$full:100000" --full-batch 64 --lr 5e-4 \
+      --row-workers 2 ;;
+  gE-fresh) launch "$run" --arch llada --d-model 256 --n-layers 6 --n-heads 8 --mlp-hidden 768 \
+    --stages "short[$all]{pad=1,icl=0.5,gap=48}:3000,$full:100000" --short-batch 128 --full-batch 64 --lr 1e-3 \
+    --stage-warmup 200 --row-workers 3 ;;
+  *) echo "unknown run $run" >&2; exit 2 ;;
+  esac
+done
+wait
+for run in "$@"; do
+  grep -E "parameters|resumed|time-limit|done:|Error|error" "$runs/$run.out" | tail -5
+  tail -1 "$runs/$run/log.jsonl" 2>/dev/null
+done
+if [[ -n ${OUT:-} ]]; then
+  tar czf - --exclude=checkpoints --exclude='*.out' -C "$runs" "$@" | split -b 15M - "$OUT/runs.tgz.part-"
+  ls -la "$OUT"
+fi
