@@ -270,3 +270,32 @@ def test_dispatch_auto_on_cuda_uses_the_kernel():
     q, k, v, kwargs = make_inputs(2, 4, 2, 7, 130, 64, torch.bfloat16, "index+mask", device="cuda")
     out = masked_attention(q, k, v, **kwargs)
     assert torch.equal(out, triton_attention.masked_attention_triton(q, k, v, **kwargs))
+
+
+def test_dispatch_triton_refuses_inputs_that_need_gradients(monkeypatch):
+    # the kernel has no backward: a training forward through it would silently drop the attention's gradients
+    monkeypatch.setattr(dispatch, "_triton_module", lambda: triton_attention)
+    q, k, v, kwargs = make_inputs(1, 2, 2, 3, 9, 16, torch.float32, "mask")
+    q.requires_grad_(True)
+    with pytest.raises(ValueError, match="no backward"):
+        masked_attention(q, k, v, backend="triton", **kwargs)
+
+
+@pytest.mark.gpu
+@needs_cuda
+@needs_triton
+def test_dispatch_auto_on_cuda_trains_through_the_twin():
+    """With gradients wanted, ``auto`` on CUDA takes the PyTorch path: every input gets the twin's gradient."""
+    q, k, v, kwargs = make_inputs(2, 4, 2, 7, 130, 64, torch.float32, "index+mask", device="cuda")
+    grads = []
+    for fn in (masked_attention, attention_reference):
+        leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
+        out = fn(*leaves, **kwargs)
+        out.square().sum().backward()
+        grads.append([t.grad for t in leaves])
+    for got, want in zip(*grads, strict=True):
+        assert got is not None and got.abs().sum() > 0
+        torch.testing.assert_close(got, want)
+    with torch.no_grad():  # decoding still reaches the kernel
+        out = masked_attention(q, k, v, **kwargs)
+    assert torch.equal(out, triton_attention.masked_attention_triton(q, k, v, **kwargs))

@@ -63,14 +63,22 @@ def masked_attention(
 ) -> torch.Tensor:  # [B, H, Q, D]
     """Attention of q [B, H, Q, D] over keys k, v [B, Hk, S, D] (gathered by ``key_index`` [B, W] if given).
 
-    backend: ``"auto"`` (Triton on CUDA when importable, else torch), ``"torch"`` or ``"triton"``.
+    backend: ``"auto"`` (Triton on CUDA when importable, else torch), ``"torch"`` or ``"triton"``. The Triton
+    kernel is forward-only: when autograd needs the result (grad enabled and q, k or v requiring grad, i.e.
+    training), ``"auto"`` takes the PyTorch path and ``"triton"`` is refused.
     """
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     kwargs = dict(key_mask=key_mask, key_index=key_index, scale=scale)
+    needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     if backend == "triton":
+        if needs_grad:
+            raise ValueError(
+                "backend='triton': the Triton attention kernel has no backward; use backend='torch' or 'auto' "
+                "when gradients are needed (training), or run under torch.no_grad()"
+            )
         return check_triton_backend(q).masked_attention_triton(q, k, v, **kwargs)
-    if backend == "auto" and q.is_cuda:
+    if backend == "auto" and q.is_cuda and not needs_grad:
         module = _triton_module()
         if module is not None and module.supported(q, k, v):
             return module.masked_attention_triton(q, k, v, **kwargs)

@@ -20,9 +20,11 @@ all=copy+reverse+sort+shuffle+insert_index+remove_index+replace_index+insert_ran
 all=$all+latin_square_n4+sudoku_n4_12+missing
 weights=copy=0.5,reverse=0.5,sort=2,shuffle=2,insert_index=1.5,remove_index=0.5,replace_index=1.5
 weights=$weights,insert_random=2,remove_random=0.5,replace_random=2,latin_square_n4=1.5,sudoku_n4_12=1.5,missing=2
+ten=copy+reverse+sort+shuffle+insert_index+remove_index+replace_index+insert_random+remove_random+replace_random
 full="full[$all]{share=0.5,pad=1,icl=0.5,gap=48}"
+full10="full[$ten+missing]{share=0.5,pad=1,icl=0.5,gap=48}"
 common=(--parallelbench "$pb" --tokenizer "$tok" --task-weights "$weights" --warmup 100 --decay-steps 2000
-  --eval-every 0 --save-every 1000 --export-every 2000 --threads 1 --time-limit "$secs" --resume)
+  --eval-every "${EVAL_EVERY:-0}" --save-every 1000 --export-every 2000 --threads 1 --time-limit "$secs" --resume)
 
 launch() { # name, then train.py flags
   local name=$1
@@ -46,6 +48,32 @@ for run in "$@"; do
   gE-fresh) launch "$run" --arch llada --d-model 256 --n-layers 6 --n-heads 8 --mlp-hidden 768 \
     --stages "short[$all]{pad=1,icl=0.5,gap=48}:3000,$full:100000" --short-batch 128 --full-batch 64 --lr 1e-3 \
     --stage-warmup 200 --row-workers 3 ;;
+  # second round: the first one's fine-tunes at 5e-4 (1e-3) lost copying after ~800 steps (loss EMA rising from
+  # there); lower rates, no weight decay, a schedule that decays inside the lease, held-out scores on the way
+  h1-llada) launch "$run" --arch llada --init dlm_decode/demo_models/demo-llada --stages "$full:7000" \
+    --full-batch 64 --lr 1e-4 --row-workers 2 ;;
+  h2-llada-ten) launch "$run" --arch llada --init dlm_decode/demo_models/demo-llada --stages "$full10:7000" \
+    --full-batch 64 --lr 2e-4 --weight-decay 0 --row-workers 2 ;;
+  h3-grown)
+    [[ -d $runs/grown-init ]] || "$py" recipes/train_demo/grow.py --model dlm_decode/demo_models/demo-llada \
+      --out "$runs/grown-init" --d-model 256 --mlp-hidden 768 --n-layers 6
+    launch "$run" --arch llada --init "$runs/grown-init" --stages "$full:5000" --full-batch 64 --lr 1e-4 \
+      --row-workers 2 ;;
+  h4-dream) launch "$run" --arch dream --init dlm_decode/demo_models/demo-dream --stages "$full:7000" \
+    --full-batch 64 --lr 1e-4 --row-workers 2 ;;
+  # third round, after the fix that keeps the Triton kernel (forward only) out of training forwards: rounds one and
+  # two trained with no gradient through q / k / v on CUDA, which is why copying decayed there
+  i1-llada) launch "$run" --arch llada --init dlm_decode/demo_models/demo-llada --stages "$full:5000" \
+    --full-batch 64 --lr 2e-4 --decay-steps 1500 --row-workers 2 ;;
+  i2-dream) launch "$run" --arch dream --init dlm_decode/demo_models/demo-dream --stages "$full:5000" \
+    --full-batch 64 --lr 2e-4 --decay-steps 1500 --row-workers 2 ;;
+  i3-grown)
+    [[ -d $runs/grown-init ]] || "$py" recipes/train_demo/grow.py --model dlm_decode/demo_models/demo-llada \
+      --out "$runs/grown-init" --d-model 256 --mlp-hidden 768 --n-layers 6
+    launch "$run" --arch llada --init "$runs/grown-init" --stages "$full:3500" --full-batch 64 --lr 2e-4 \
+      --decay-steps 1000 --row-workers 2 ;;
+  i4-llada-ten) launch "$run" --arch llada --init dlm_decode/demo_models/demo-llada --stages "$full10:5000" \
+    --full-batch 64 --lr 5e-4 --decay-steps 1500 --row-workers 2 ;;
   *) echo "unknown run $run" >&2; exit 2 ;;
   esac
 done
