@@ -382,6 +382,17 @@ def test_time_limit_saves_exports_and_resumes(tok, tmp_path, mini_pb):
         tr.parse_args(["--tokenizer", "t", "--out", "o", "--time-limit", "0"])
 
 
+def test_chat_short_rows_are_scored_as_chats(tok, tmp_path, mini_pb):
+    tr, st = _load("train"), _load("stream")
+    tok.save_pretrained(tmp_path / "tok")
+    args = ["--parallelbench", str(mini_pb), "--tokenizer", str(tmp_path / "tok"), "--d-model", "32", "--n-layers"]
+    args += ["1", "--n-heads", "2", "--mlp-hidden", "64", "--stages", "short[copy]:1", "--short-batch", "2"]
+    args += ["--short-format", "chat", "--eval-every", "1", "--eval-samples", "1", "--threads", "1"]
+    tr.main([*args, "--export-every", "0", "--out", str(tmp_path / "r")])
+    record = json.loads((tmp_path / "r" / "log.jsonl").read_text().splitlines()[-1])
+    assert set(record["eval"]) == {f"short/{t}" for t in st.TASKS} and record["eval_mean"] is None
+
+
 def test_resume_from_checkpoint_is_exact(tok, tmp_path, mini_pb):
     from safetensors.torch import load_file
 
@@ -414,7 +425,8 @@ def test_resume_from_checkpoint_is_exact(tok, tmp_path, mini_pb):
     log_b = [json.loads(x) for x in (tmp_path / "b" / "log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in log_b] == [1, 2, 3, 4]  # the re-run step 3 replaced, not repeated
     assert [r["loss"] for r in log_a] == [r["loss"] for r in log_b] and [r["stage"] for r in log_a] == [0, 0, 1, 1]
-    assert set(log_a[-1]["eval"]) == {t for t in _load("stream").TASKS} | {f"short/{t}" for t in _load("stream").TASKS}
+    # bare short rows (the default format) are not scored as chats: the held-out official prompts alone
+    assert set(log_a[-1]["eval"]) == set(_load("stream").TASKS) and log_a[-1]["eval_short_mean"] is None
     cfg = json.loads((tmp_path / "a" / "export" / "config.json").read_text())
     assert cfg["model_type"] == "llada" and cfg["mask_token_id"] == tok.mask_token_id == 2
     assert cfg["rope_theta"] == 5e5  # --rope-theta reaches the exported config

@@ -491,7 +491,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--decay-steps", type=int, default=None, help="linear decay at the end (default: 15%% of steps)")
     ap.add_argument("--weight-decay", type=float, default=0.1)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--eval-every", type=int, default=500, help="steps between evaluations and at the end (0: never)")
+    ap.add_argument(
+        "--eval-every",
+        type=int,
+        default=500,
+        help="steps between evaluations and at the end (0: never): held-out official prompts, and the short prompts "
+        "as chats with --short-format chat (probe.py reads bare short rows)",
+    )
     ap.add_argument("--eval-samples", type=int, default=12, help="held-out samples per task per evaluation")
     ap.add_argument("--save-every", type=int, default=50)
     ap.add_argument("--export-every", type=int, default=500, help="also export the model every N steps")
@@ -762,7 +768,10 @@ def main(argv: list[str] | None = None) -> None:
             "elapsed": round(elapsed, 1),
         }
         if args.eval_every and (done % args.eval_every == 0 or done == total):
-            which = ["short"] if stage.kind == "short" else ["full", "short"]
+            # the short held-out prompts are chat turns: they read a model trained on chat-format short rows only
+            # (bare-format rows are read by probe.py; scored as chats they are 0 whatever the model knows)
+            short_eval = ["short"] if args.short_format == "chat" else []
+            which = short_eval if stage.kind == "short" else ["full", *short_eval]
             scores: dict[str, float] = {}
             for kind in which:
                 scores |= evaluate_heldout(accelerator.unwrap_model(model), tok, evals[kind])
