@@ -622,6 +622,23 @@ def test_plot_curves_draws_probe_logs_and_names_a_missing_log(tmp_path):
         plot.main([str(tmp_path), "--out", str(tmp_path / "d.png")])
 
 
+def test_plot_curves_draws_training_evals(tmp_path):
+    pytest.importorskip("matplotlib")
+    run = tmp_path / "run"
+    run.mkdir()
+    lines = [{"step": 1, "loss": 2.0}, {"step": 2, "eval": {"waiting_line/copy": 50.0}, "eval_mean": 50.0}]
+    lines.append({"step": 4, "eval": {"waiting_line/copy": 75.0, "short/waiting_line/copy": 0.0}, "eval_mean": 75.0})
+    (run / "log.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + '\n{"step": 5')  # torn last line
+    plot = _load("plot_curves")
+    assert [r["step"] for r in plot.read_evals(run)] == [2, 4]
+    plot.main([str(run), "--evals", "--out", str(tmp_path / "e.png")])
+    assert (tmp_path / "e.png").stat().st_size > 1000
+    (tmp_path / "quiet").mkdir()
+    (tmp_path / "quiet" / "log.jsonl").write_text(json.dumps(lines[0]) + "\n")
+    with pytest.raises(SystemExit, match="no held-out evaluations"):
+        plot.main([str(tmp_path / "quiet"), "--evals", "--out", str(tmp_path / "f.png")])
+
+
 def test_ship_reads_the_runner_json_and_evaluate_lines(tmp_path):
     ship = _load("ship")
     runner = {
@@ -752,6 +769,27 @@ def test_exclude_rows_keep_the_people_the_remove_line_does_not_name(mini_pb, tok
     missing = probe.find_rows(stream, 4, seed=1, full=True, padded=True, task=st.MISSING)
     assert all(len(json.loads(tok.decode(a[: a.index(eot)]))) == 1 for _, a in missing)
     assert tr.parse_stages("full[missing]:2")[0].tasks == (st.MISSING,)
+
+
+def test_missing_first_rows_ask_the_missing_question_over_first_names(mini_pb, tok):
+    st, tr = _load("stream"), _load("train")
+    sample = {"input": {"context": '["Ann Lee", "Bo Kim", "Ann Fox", "Cy Day"]'}, "output": "x"}
+    assert st.first_names_only(sample)["input"]["context"] == '["Ann", "Bo", "Cy"]'  # distinct, in list order
+    assert st.first_names_only(sample)["output"] == "x" and sample["input"]["context"].startswith('["Ann Lee"')
+    survivors = set()
+    for text, answer, _, label in _aux_rows(st, mini_pb, tok, st.MISSING_FIRST, step=5, batch=12):
+        (kept,) = json.loads(answer)
+        at = text.index("remove ") + 7
+        lists = list(re.finditer(r"\[[^\]]*\]", text))
+        named = json.loads(next(m.group() for m in lists if m.start() == at))
+        whole = json.loads([m.group() for m in lists if m.start() != at][-1])
+        assert all(" " not in p for p in whole + named) and len(set(whole)) == len(whole), text  # first names only
+        assert sorted(named + [kept]) == sorted(whole), text
+        assert len(tok(kept, add_special_tokens=False)["input_ids"]) == 1  # one token: no second token to copy
+        survivors.add(whole.index(kept))
+    assert len(survivors) > 1  # the survivor is not always at the same place
+    assert tr.parse_stages("short[missing_first]:2")[0].tasks == (st.MISSING_FIRST,)
+    assert tr.parse_weights("missing_first=2,missing=1") == {st.MISSING_FIRST: 2.0, st.MISSING: 1.0}
 
 
 def test_probe_find_rows_are_short_or_official_copy_chats(tok, mini_pb):

@@ -6,6 +6,11 @@ One row of panels per run, one panel per measure: teacher-forced retrieval (``tf
 rows (``exact``) and, where probed, the official-prompt score on held-out samples (``full``); one line per task,
 and a dashed one per task for probes run with ``probe.py --padded`` (the two formats are different measurements).
 Reads ``RUN_DIR/probe.jsonl``; a half-written last line is skipped.
+
+    python recipes/train_demo/plot_curves.py RUN_DIR [RUN_DIR ...] --evals --out evals.png
+
+``--evals`` draws the held-out scores that ``train.py --eval-every`` writes into ``RUN_DIR/log.jsonl`` instead: one
+panel per run, one line per task, the mean in black.
 """
 
 from __future__ import annotations
@@ -28,11 +33,62 @@ def read_probes(run: Path) -> list[dict]:
     return sorted(rows, key=lambda r: r.get("step", 0))
 
 
+def read_evals(run: Path) -> list[dict]:
+    path = run / "log.jsonl"
+    if not path.is_file():
+        raise SystemExit(f"{path}: no training log (train.py writes it into the run directory)")
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if "eval" in record:
+            rows.append(record)
+    if not rows:
+        raise SystemExit(f"{path}: no held-out evaluations (train.py --eval-every N writes them)")
+    return rows
+
+
+def plot_evals(runs: list[Path], out: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cols = min(len(runs), 4)
+    nrows = (len(runs) + cols - 1) // cols
+    fig, axes = plt.subplots(nrows, cols, figsize=(5 * cols, 4 * nrows), sharey=True, squeeze=False)
+    for ax, run in zip(axes.flat, runs, strict=False):
+        records = read_evals(run)
+        steps = [r["step"] for r in records]
+        tasks = sorted({t for r in records for t in r["eval"] if not t.startswith("short/")})
+        colors = plt.get_cmap("tab20").colors  # twelve tasks: more colours than the default cycle's ten
+        for i, task in enumerate(tasks):
+            ys = [r["eval"].get(task) for r in records]
+            ax.plot(steps, ys, marker=".", color=colors[i % len(colors)], label=task.split("/")[-1])
+        ax.plot(steps, [r.get("eval_mean") for r in records], color="black", linewidth=2, label="mean")
+        ax.set_title(run.name, fontsize=9)
+        ax.set_xlabel("training step")
+        ax.grid(alpha=0.3)
+    for ax in axes.flat[len(runs) :]:
+        ax.axis("off")
+    axes[0][0].set_ylabel("held-out score (official prompts)")
+    axes[0][0].legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    print(out)
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("runs", nargs="+", type=Path)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--evals", action="store_true", help="draw log.jsonl's held-out scores instead of probe logs")
     args = ap.parse_args(argv)
+    if args.evals:
+        plot_evals(args.runs, args.out)
+        return
     import matplotlib
 
     matplotlib.use("Agg")

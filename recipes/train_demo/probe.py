@@ -27,7 +27,8 @@ and ``Ġ`` continuations (last names).
 random order, so a last name has no position route), short (bare, padded as ``--padded`` says) and full (the official
 copy chat with the query line): teacher-forced parts and greedy exact match of each. ``--exclude N`` reads the same
 on N exclude rows (``stream.EXCLUDE``: the list without the people a ``remove`` line names, a comparison by content),
-``--missing N`` on N missing rows (``stream.MISSING``: all but one person named, the answer that one).
+``--missing N`` on N missing rows (``stream.MISSING``: all but one person named, the answer that one), and
+``--missing-first N`` on the same rows over first names only (``stream.MISSING_FIRST``: single-token items).
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ from stream import (  # noqa: E402
     EXCLUDE,
     LOOKUP,
     MISSING,
+    MISSING_FIRST,
     TASKS,
     Mix,
     RowStream,
@@ -202,6 +204,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--find", type=int, default=0, help="also read look-up on N short and N full find rows")
     ap.add_argument("--exclude", type=int, default=0, help="also read exclusion on N short and N full exclude rows")
     ap.add_argument("--missing", type=int, default=0, help="also read exclusion on N short and N full missing rows")
+    ap.add_argument(
+        "--missing-first", type=int, default=0, help="the same on missing_first rows (first names only, one token each)"
+    )
     ap.add_argument("--len", default=None, help="people per short-row list, LO-HI (a stage's len); default the task's")
     args = ap.parse_args(argv)
     lengths = list_lengths(args.len, "--len") if args.len else None
@@ -241,6 +246,7 @@ def main(argv: list[str] | None = None) -> dict:
         ("find", args.find, LOOKUP),
         ("exclude", args.exclude, EXCLUDE),
         ("missing", args.missing, MISSING),
+        ("missing_first", args.missing_first, MISSING_FIRST),
     ):
         if not n:
             continue

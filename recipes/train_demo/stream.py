@@ -69,7 +69,8 @@ TASKS = tuple(f"waiting_line/{op}" for op in WAITING_LINE) + ("puzzle/latin_squa
 LOOKUP = "aux/find"
 EXCLUDE = "aux/exclude"
 MISSING = "aux/missing"
-AUX_TASKS = (LOOKUP, EXCLUDE, MISSING)
+MISSING_FIRST = "aux/missing_first"
+AUX_TASKS = (LOOKUP, EXCLUDE, MISSING, MISSING_FIRST)
 STAGE_TASKS = TASKS + AUX_TASKS
 _LOOKUP_SOURCE = "waiting_line/copy"  # a find row's people are those of a generated copy sample
 
@@ -105,8 +106,21 @@ def missing_query(sample: Mapping[str, Any], rng: random.Random) -> tuple[list[s
     return exclude_query(sample, rng, keep=1)
 
 
+def first_names_only(sample: Mapping[str, Any]) -> dict:
+    """The sample with its list reduced to the people's distinct first names (one token each in the demo tokenizer):
+    the ``missing_first`` rows ask the missing-person question over single-token items, the simplest form of the
+    comparison by content (is this item among those named?)."""
+    firsts = list(dict.fromkeys(p.split(" ", 1)[0] for p in json.loads(sample["input"]["context"])))
+    return {**sample, "input": {**sample["input"], "context": list_to_str(firsts)}}
+
+
 # the training-only row kinds: their query (sample, rng) -> (query list, answer list), and the word of their line
-_AUX = {LOOKUP: (lookup_query, "find"), EXCLUDE: (exclude_query, "remove"), MISSING: (missing_query, "remove")}
+_AUX = {
+    LOOKUP: (lookup_query, "find"),
+    EXCLUDE: (exclude_query, "remove"),
+    MISSING: (missing_query, "remove"),
+    MISSING_FIRST: (missing_query, "remove"),
+}
 
 
 def short_prompt(task: str, sample: Mapping[str, Any]) -> str:
@@ -252,6 +266,8 @@ class RowStream:
         """One training-only row of ``task`` (``_AUX``: find, exclude, missing): bare like the
         short rows, or ``full``: the official copy chat whose last user turn ends with the query line."""
         make_query, word = _AUX[task]
+        if task == MISSING_FIRST:
+            sample = first_names_only(sample)
         query, answer = make_query(sample, rng)
         line = f"{word} {list_to_str(query)}"
         if full:
