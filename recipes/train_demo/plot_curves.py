@@ -20,31 +20,27 @@ import json
 from pathlib import Path
 
 
-def read_probes(run: Path) -> list[dict]:
-    path = run / "probe.jsonl"
+def _records(path: Path, missing: str) -> list[dict]:
+    """The JSON lines of ``path`` (a half-written line skipped); a missing file exits with ``missing``."""
     if not path.is_file():
-        raise SystemExit(f"{path}: no probe log (run probe.py on the run's exports, appending to this file)")
+        raise SystemExit(f"{path}: {missing}")
     rows = []
     for line in path.read_text().splitlines():
         try:
             rows.append(json.loads(line))
         except json.JSONDecodeError:
             continue
+    return rows
+
+
+def read_probes(run: Path) -> list[dict]:
+    rows = _records(run / "probe.jsonl", "no probe log (run probe.py on the run's exports, appending to this file)")
     return sorted(rows, key=lambda r: r.get("step", 0))
 
 
 def read_evals(run: Path) -> list[dict]:
     path = run / "log.jsonl"
-    if not path.is_file():
-        raise SystemExit(f"{path}: no training log (train.py writes it into the run directory)")
-    rows = []
-    for line in path.read_text().splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if "eval" in record:
-            rows.append(record)
+    rows = [r for r in _records(path, "no training log (train.py writes it into the run directory)") if "eval" in r]
     if not rows:
         raise SystemExit(f"{path}: no held-out evaluations (train.py --eval-every N writes them)")
     return rows
