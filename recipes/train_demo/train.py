@@ -568,6 +568,8 @@ class RowSource:
         if workers > 0:
             import multiprocessing
 
+            if "fork" not in multiprocessing.get_all_start_methods():
+                raise SystemExit("--row-workers needs the 'fork' start method (Linux); use --row-workers 0 here")
             global _WORKER_STREAM
             _WORKER_STREAM = stream
             self.pool = multiprocessing.get_context("fork").Pool(workers)
