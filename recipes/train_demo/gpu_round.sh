@@ -74,6 +74,15 @@ for run in "$@"; do
       --decay-steps 1000 --row-workers 2 ;;
   i4-llada-ten) launch "$run" --arch llada --init dlm_decode/demo_models/demo-llada --stages "$full10:5000" \
     --full-batch 64 --lr 5e-4 --decay-steps 1500 --row-workers 2 ;;
+  # next: the thirteenth round's finding (unpadded comparison rows teach it) carried into the official tasks:
+  # first the comparison on bare unpadded rows, then the ten tasks with those rows mixed in (short rows unpadded)
+  j1-llada | j2-dream)
+    arch=llada init=dlm_decode/demo_models/demo-llada
+    [[ $run == j2-dream ]] && arch=dream init=dlm_decode/demo_models/demo-dream
+    aux="full[$ten+missing_first+missing+find]{share=0.5,pad=0,icl=0.5,gap=48,lr=5e-4}"
+    launch "$run" --arch "$arch" --init "$init" --short-format bare --short-batch 64 --full-batch 64 --lr 1e-3 \
+      --stages "short[missing_first]:1500,short[find+missing_first+missing]:2500,$aux:20000" --stage-warmup 50 \
+      --task-weights "$weights,find=2" --row-workers 2 ;;
   *) echo "unknown run $run" >&2; exit 2 ;;
   esac
 done
