@@ -777,7 +777,7 @@ def test_missing_first_rows_ask_the_missing_question_over_first_names(mini_pb, t
     assert st.first_names_only(sample)["input"]["context"] == '["Ann", "Bo", "Cy"]'  # distinct, in list order
     assert st.first_names_only(sample)["output"] == "x" and sample["input"]["context"].startswith('["Ann Lee"')
     survivors = set()
-    for text, answer, _, label in _aux_rows(st, mini_pb, tok, st.MISSING_FIRST, step=5, batch=12):
+    for text, answer, _, _label in _aux_rows(st, mini_pb, tok, st.MISSING_FIRST, step=5, batch=12):
         (kept,) = json.loads(answer)
         at = text.index("remove ") + 7
         lists = list(re.finditer(r"\[[^\]]*\]", text))
