@@ -364,12 +364,17 @@ def test_row_workers_build_the_rows_the_stream_builds(mini_pb, tok):
     assert tr.RowSource(stream).rows(2, small) == stream.rows(2, small)  # no workers: built on the spot
 
 
+def _tiny_run_args(tok, tmp_path: Path, mini_pb) -> list[str]:
+    """train.py flags shared by the tests that run it: mini data, tokenizer saved under tmp_path, one small layer."""
+    tok.save_pretrained(tmp_path / "tok")
+    args = ["--parallelbench", str(mini_pb), "--tokenizer", str(tmp_path / "tok"), "--d-model", "32"]
+    return args + ["--n-layers", "1", "--n-heads", "2", "--mlp-hidden", "64", "--threads", "1"]
+
+
 def test_time_limit_saves_exports_and_resumes(tok, tmp_path, mini_pb):
     tr = _load("train")
-    tok.save_pretrained(tmp_path / "tok")
-    common = ["--parallelbench", str(mini_pb), "--tokenizer", str(tmp_path / "tok"), "--d-model", "32"]
-    common += ["--n-layers", "1", "--n-heads", "2", "--mlp-hidden", "64", "--stages", "short:5"]
-    common += ["--short-batch", "4", "--save-every", "4", "--eval-every", "0", "--warmup", "1", "--threads", "1"]
+    common = [*_tiny_run_args(tok, tmp_path, mini_pb), "--stages", "short:5"]
+    common += ["--short-batch", "4", "--save-every", "4", "--eval-every", "0", "--warmup", "1"]
     common += ["--export-every", "0", "--out", str(tmp_path / "r")]
     tr.main([*common, "--time-limit", "1e-6"])  # past the limit after the first step
     ckpts = tmp_path / "r" / "checkpoints"
@@ -384,10 +389,8 @@ def test_time_limit_saves_exports_and_resumes(tok, tmp_path, mini_pb):
 
 def test_chat_short_rows_are_scored_as_chats(tok, tmp_path, mini_pb):
     tr, st = _load("train"), _load("stream")
-    tok.save_pretrained(tmp_path / "tok")
-    args = ["--parallelbench", str(mini_pb), "--tokenizer", str(tmp_path / "tok"), "--d-model", "32", "--n-layers"]
-    args += ["1", "--n-heads", "2", "--mlp-hidden", "64", "--stages", "short[copy]:1", "--short-batch", "2"]
-    args += ["--short-format", "chat", "--eval-every", "1", "--eval-samples", "1", "--threads", "1"]
+    args = [*_tiny_run_args(tok, tmp_path, mini_pb), "--stages", "short[copy]:1", "--short-batch", "2"]
+    args += ["--short-format", "chat", "--eval-every", "1", "--eval-samples", "1"]
     tr.main([*args, "--export-every", "0", "--out", str(tmp_path / "r")])
     record = json.loads((tmp_path / "r" / "log.jsonl").read_text().splitlines()[-1])
     assert set(record["eval"]) == {f"short/{t}" for t in st.TASKS} and record["eval_mean"] is None
@@ -397,12 +400,10 @@ def test_resume_from_checkpoint_is_exact(tok, tmp_path, mini_pb):
     from safetensors.torch import load_file
 
     tr = _load("train")
-    tok.save_pretrained(tmp_path / "tok")
-    common = ["--parallelbench", str(mini_pb), "--tokenizer", str(tmp_path / "tok"), "--d-model", "32"]
-    common += ["--n-layers", "1", "--n-heads", "2", "--mlp-hidden", "64", "--rope-theta", "5e5"]
+    common = [*_tiny_run_args(tok, tmp_path, mini_pb), "--rope-theta", "5e5"]
     common += ["--stages", "short:2,full{lr=5e-4,reset,share=0.5,icl=0.5}:2"]
     common += ["--short-batch", "6", "--full-batch", "4", "--save-every", "2", "--eval-every", "4"]
-    common += ["--eval-samples", "1", "--warmup", "1", "--threads", "1", "--export-every", "0"]
+    common += ["--eval-samples", "1", "--warmup", "1", "--export-every", "0"]
     tr.main([*common, "--out", str(tmp_path / "a")])
     tr.main([*common, "--out", str(tmp_path / "b"), "--stop-after", "3"])
     ckpts = tmp_path / "b" / "checkpoints"

@@ -16,15 +16,20 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 TOKENIZERS_
 py=${PYTHON:-python3}
 mkdir -p "$runs"
 tok=recipes/train_demo/runs/tokenizer
-all=copy+reverse+sort+shuffle+insert_index+remove_index+replace_index+insert_random+remove_random+replace_random
-all=$all+latin_square_n4+sudoku_n4_12+missing
+ten=copy+reverse+sort+shuffle+insert_index+remove_index+replace_index+insert_random+remove_random+replace_random
+all=$ten+latin_square_n4+sudoku_n4_12+missing
 weights=copy=0.5,reverse=0.5,sort=2,shuffle=2,insert_index=1.5,remove_index=0.5,replace_index=1.5
 weights=$weights,insert_random=2,remove_random=0.5,replace_random=2,latin_square_n4=1.5,sudoku_n4_12=1.5,missing=2
-ten=copy+reverse+sort+shuffle+insert_index+remove_index+replace_index+insert_random+remove_random+replace_random
 full="full[$all]{share=0.5,pad=1,icl=0.5,gap=48}"
 full10="full[$ten+missing]{share=0.5,pad=1,icl=0.5,gap=48}"
 common=(--parallelbench "$pb" --tokenizer "$tok" --task-weights "$weights" --warmup 100 --decay-steps 2000
   --eval-every "${EVAL_EVERY:-0}" --save-every 1000 --export-every 2000 --threads 1 --time-limit "$secs" --resume)
+
+grown() { # demo-llada grown to 5.8M parameters (grow.py), made once per RUNS_DIR; prints its path
+  [[ -d $runs/grown-init ]] || "$py" recipes/train_demo/grow.py --model dlm_decode/demo_models/demo-llada \
+    --out "$runs/grown-init" --d-model 256 --mlp-hidden 768 --n-layers 6 >&2
+  echo "$runs/grown-init"
+}
 
 launch() { # name, then train.py flags
   local name=$1
@@ -40,10 +45,7 @@ for run in "$@"; do
     --full-batch 64 --lr 5e-4 --row-workers 2 ;;
   gC-llada-b256) launch "$run" --arch llada --init dlm_decode/demo_models/demo-llada --stages "$full:100000" \
     --full-batch 256 --lr 1e-3 --row-workers 4 ;;
-  gD-grown)
-    [[ -d $runs/grown-init ]] || "$py" recipes/train_demo/grow.py --model dlm_decode/demo_models/demo-llada \
-      --out "$runs/grown-init" --d-model 256 --mlp-hidden 768 --n-layers 6
-    launch "$run" --arch llada --init "$runs/grown-init" --stages "$full:100000" --full-batch 64 --lr 5e-4 \
+  gD-grown) launch "$run" --arch llada --init "$(grown)" --stages "$full:100000" --full-batch 64 --lr 5e-4 \
       --row-workers 2 ;;
   gE-fresh) launch "$run" --arch llada --d-model 256 --n-layers 6 --n-heads 8 --mlp-hidden 768 \
     --stages "short[$all]{pad=1,icl=0.5,gap=48}:3000,$full:100000" --short-batch 128 --full-batch 64 --lr 1e-3 \
@@ -54,10 +56,7 @@ for run in "$@"; do
     --full-batch 64 --lr 1e-4 --row-workers 2 ;;
   h2-llada-ten) launch "$run" --arch llada --init dlm_decode/demo_models/demo-llada --stages "$full10:7000" \
     --full-batch 64 --lr 2e-4 --weight-decay 0 --row-workers 2 ;;
-  h3-grown)
-    [[ -d $runs/grown-init ]] || "$py" recipes/train_demo/grow.py --model dlm_decode/demo_models/demo-llada \
-      --out "$runs/grown-init" --d-model 256 --mlp-hidden 768 --n-layers 6
-    launch "$run" --arch llada --init "$runs/grown-init" --stages "$full:5000" --full-batch 64 --lr 1e-4 \
+  h3-grown) launch "$run" --arch llada --init "$(grown)" --stages "$full:5000" --full-batch 64 --lr 1e-4 \
       --row-workers 2 ;;
   h4-dream) launch "$run" --arch dream --init dlm_decode/demo_models/demo-dream --stages "$full:7000" \
     --full-batch 64 --lr 1e-4 --row-workers 2 ;;
@@ -67,10 +66,7 @@ for run in "$@"; do
     --full-batch 64 --lr 2e-4 --decay-steps 1500 --row-workers 2 ;;
   i2-dream) launch "$run" --arch dream --init dlm_decode/demo_models/demo-dream --stages "$full:5000" \
     --full-batch 64 --lr 2e-4 --decay-steps 1500 --row-workers 2 ;;
-  i3-grown)
-    [[ -d $runs/grown-init ]] || "$py" recipes/train_demo/grow.py --model dlm_decode/demo_models/demo-llada \
-      --out "$runs/grown-init" --d-model 256 --mlp-hidden 768 --n-layers 6
-    launch "$run" --arch llada --init "$runs/grown-init" --stages "$full:3500" --full-batch 64 --lr 2e-4 \
+  i3-grown) launch "$run" --arch llada --init "$(grown)" --stages "$full:3500" --full-batch 64 --lr 2e-4 \
       --decay-steps 1000 --row-workers 2 ;;
   i4-llada-ten) launch "$run" --arch llada --init dlm_decode/demo_models/demo-llada --stages "$full10:5000" \
     --full-batch 64 --lr 5e-4 --decay-steps 1500 --row-workers 2 ;;

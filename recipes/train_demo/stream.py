@@ -114,12 +114,17 @@ def first_names_only(sample: Mapping[str, Any]) -> dict:
     return {**sample, "input": {**sample["input"], "context": list_to_str(firsts)}}
 
 
-# the training-only row kinds: their query (sample, rng) -> (query list, answer list), and the word of their line
+def _whole(sample: Mapping[str, Any]) -> Mapping[str, Any]:
+    return sample
+
+
+# the training-only row kinds: the sample they are asked about (sample -> sample), their query (sample, rng) ->
+# (query list, answer list), and the word of their line
 _AUX = {
-    LOOKUP: (lookup_query, "find"),
-    EXCLUDE: (exclude_query, "remove"),
-    MISSING: (missing_query, "remove"),
-    MISSING_FIRST: (missing_query, "remove"),
+    LOOKUP: (_whole, lookup_query, "find"),
+    EXCLUDE: (_whole, exclude_query, "remove"),
+    MISSING: (_whole, missing_query, "remove"),
+    MISSING_FIRST: (first_names_only, missing_query, "remove"),
 }
 
 
@@ -263,11 +268,10 @@ class RowStream:
         gap: str = "",
         task: str = LOOKUP,
     ) -> tuple[list[int], list[int]]:
-        """One training-only row of ``task`` (``_AUX``: find, exclude, missing): bare like the
+        """One training-only row of ``task`` (``_AUX``: find, exclude, missing, missing_first): bare like the
         short rows, or ``full``: the official copy chat whose last user turn ends with the query line."""
-        make_query, word = _AUX[task]
-        if task == MISSING_FIRST:
-            sample = first_names_only(sample)
+        prepare, make_query, word = _AUX[task]
+        sample = prepare(sample)
         query, answer = make_query(sample, rng)
         line = f"{word} {list_to_str(query)}"
         if full:

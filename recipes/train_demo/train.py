@@ -561,7 +561,6 @@ class RowSource:
 
     def __init__(self, stream: Any, workers: int = 0, ahead: int | None = None) -> None:
         self.stream = stream
-        self.workers = workers
         self.ahead = ahead if ahead is not None else 4 * workers
         self.pending: dict[int, tuple[Any, Any]] = {}
         self.pool = None
@@ -737,6 +736,12 @@ def main(argv: list[str] | None = None) -> None:
     bar = tqdm(range(start_step, total), initial=start_step, total=total, disable=False)
     t_last = time.perf_counter()
     done = start_step
+
+    def export(name: str) -> None:  # the model after step ``done``, with its card, into run_dir / name
+        if accelerator.is_main_process:
+            card = {"step": done, "train_seconds": round(elapsed), **meta}
+            export_model(accelerator.unwrap_model(model), tok, run_dir / name, card)
+
     for step in bar:
         stage_index, stage = stage_at(args.stage_list, step)
         if step in resets:  # fresh moments; the checkpoints after this step hold the new ones, so resume agrees
@@ -789,14 +794,14 @@ def main(argv: list[str] | None = None) -> None:
         if accelerator.is_main_process:
             with open(log_path, "a") as f:
                 f.write(json.dumps(record) + "\n")
-        if done % args.save_every == 0 or done == total:
+        saved = done % args.save_every == 0 or done == total
+        exported = done == total or bool(args.export_every and done % args.export_every == 0)
+        if saved:
             save_checkpoint(accelerator, run_dir, done, {"elapsed": elapsed, "ema": ema})
-        if accelerator.is_main_process and (done == total or args.export_every and done % args.export_every == 0):
-            card = {"step": done, "train_seconds": round(elapsed), **meta}
-            export_model(accelerator.unwrap_model(model), tok, run_dir / "export", card)
-        if accelerator.is_main_process and done in restarts:  # every stage's end state is kept
-            card = {"step": done, "train_seconds": round(elapsed), **meta}
-            export_model(accelerator.unwrap_model(model), tok, run_dir / f"export-step{done}", card)
+        if exported:
+            export("export")
+        if done in restarts:  # every stage's end state is kept
+            export(f"export-step{done}")
         if args.stop_after is not None and done >= args.stop_after:
             break
         if (
@@ -804,11 +809,10 @@ def main(argv: list[str] | None = None) -> None:
             and done < total
             and _all_agree(accelerator, time.monotonic() - started > args.time_limit)
         ):
-            if done % args.save_every:
+            if not saved:
                 save_checkpoint(accelerator, run_dir, done, {"elapsed": elapsed, "ema": ema})
-            if accelerator.is_main_process:
-                card = {"step": done, "train_seconds": round(elapsed), **meta}
-                export_model(accelerator.unwrap_model(model), tok, run_dir / "export", card)
+            if not exported:
+                export("export")
             accelerator.print(f"--time-limit {args.time_limit:g} s reached after step {done}")
             break
     bar.close()
