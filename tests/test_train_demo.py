@@ -1123,3 +1123,23 @@ def test_grown_model_computes_the_old_logits_and_its_new_parts_train(tmp_path):
     again = LLaDAModelLM.from_pretrained(tmp_path / "g").eval()
     with torch.no_grad():
         torch.testing.assert_close(again(ids).logits, new(ids).logits)
+
+
+def test_auxchat_0_keeps_training_only_rows_out_of_the_official_slots(mini_pb, tok):
+    st, tr = _load("stream"), _load("train")
+    stream = st.RowStream(mini_pb, tok, seed=4)
+    tasks = ("waiting_line/copy", st.MISSING_FIRST, st.MISSING)
+    chat = st.Mix(batch=40, short_share=0.5, tasks=tasks, weights=(1.0, 3.0, 2.0), bare=True)
+    short_only = st.Mix(**{**chat.__dict__, "aux_chat": False})
+    with_chats, without = stream.rows(3, chat), stream.rows(3, short_only)
+    labels = [label for _, _, label in with_chats]
+    assert {"full/aux/missing_first", "full/aux/missing"} & set(labels)  # the default: questions in the copy chat
+    assert sorted(label for _, _, label in without if label.startswith("full/")) == ["full/waiting_line/copy"] * 20
+    # the short rows are drawn alike either way (their tasks; the samples follow the batch's other draws)
+    assert sorted(lb for lb in labels if lb.startswith("short/")) == sorted(
+        lb for _, _, lb in without if lb.startswith("short/")
+    )
+    stage = tr.parse_stages("full[copy+missing_first]{share=0.5,auxchat=0}:3")[0]
+    assert stage.aux_chat is False and tr.parse_stages("full:3")[0].aux_chat is None
+    with pytest.raises(SystemExit, match="auxchat=0 needs an official task"):
+        tr.parse_stages("full[missing_first]{auxchat=0}:3")

@@ -185,6 +185,9 @@ class Mix:
     icl: float = 0.0  # share of short rows that first show the sample's in-context example, answered (two lists)
     gap: int = 0  # short rows end in 0..gap filler words after their list (retrieval from farther away)
     lengths: tuple[int, int] | None = None  # (lo, hi) people per waiting-line list, None: the task's own range
+    # training-only tasks (AUX_TASKS) also fill a full stage's official slots, as the copy chat with their question
+    # appended; False: they come as short rows only, and the official slots draw from the other tasks
+    aux_chat: bool = True
 
 
 class RowStream:
@@ -219,7 +222,13 @@ class RowStream:
         rng = random.Random(self.seed * 1_000_003 + step)
         n_short = round(mix.batch * mix.short_share)
         kinds = ["short"] * n_short + ["full"] * (mix.batch - n_short)
-        picks = rng.choices(range(len(mix.tasks)), weights=mix.weights, k=mix.batch)
+        if mix.aux_chat or n_short == mix.batch:
+            picks = rng.choices(range(len(mix.tasks)), weights=mix.weights, k=mix.batch)
+        else:  # official slots from the official tasks alone (the draw above, unchanged, when aux rows may be chats)
+            weights = mix.weights or [1.0] * len(mix.tasks)
+            official = [0.0 if t in _AUX else w for t, w in zip(mix.tasks, weights, strict=True)]
+            picks = rng.choices(range(len(mix.tasks)), weights=weights, k=n_short)
+            picks += rng.choices(range(len(mix.tasks)), weights=official, k=mix.batch - n_short)
         wanted: dict[tuple[str, str], int] = {}
         for kind, i in zip(kinds, picks, strict=True):
             wanted[(kind, mix.tasks[i])] = wanted.get((kind, mix.tasks[i]), 0) + 1

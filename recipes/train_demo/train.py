@@ -247,6 +247,9 @@ class Stage:
     ``gap`` the most filler words (of the row's own template) after a short row's list (stream.py, ``Mix.gap``);
     ``len`` the people per list of the stage's waiting-line rows, ``len=2-3`` (``Mix.lengths``; the task's own range
     when absent: a length curriculum, e.g. sort learned on pairs first);
+    ``auxchat=0`` keeps the training-only rows (find, missing, ...) out of a full stage's official slots: they come as
+    short rows only (default 1: also as the copy chat with their question appended, whose one-name answers then
+    outnumber the real copy chats and teach the copy prompt short answers; "Fourteenth round");
     ``reset`` starts the stage with fresh optimizer moments (Adam's second moments from easy rows make the first
     updates on a new kind of row several times the learning rate)."""
 
@@ -260,14 +263,15 @@ class Stage:
     reset: bool = False
     gap: int | None = None
     lengths: tuple[int, int] | None = None
+    aux_chat: bool | None = None
 
 
-_STAGE_OPTIONS = ("lr", "share", "icl", "pad", "reset", "gap", "len")
+_STAGE_OPTIONS = ("lr", "share", "icl", "pad", "reset", "gap", "len", "auxchat")
 
 
 def parse_stages(spec: str) -> list[Stage]:
     """``"short:600,full:5000"``; a stage may name its tasks, ``short[sort+shuffle]:300`` (op names or full names),
-    and set options, ``full[copy+reverse]{lr=3e-4,share=0.5,icl=0.5,pad=1,gap=48,len=2-6,reset}:1000``."""
+    and set options, ``full[copy+reverse]{lr=3e-4,share=0.5,icl=0.5,pad=1,gap=48,len=2-6,auxchat=0,reset}:1000``."""
     from stream import STAGE_TASKS
 
     stages = []
@@ -291,6 +295,8 @@ def parse_stages(spec: str) -> list[Stage]:
         puzzles = [t for t in tasks or STAGE_TASKS if not t.startswith(("waiting_line/", "aux/"))]
         if "lengths" in options and puzzles:
             raise SystemExit(f"--stages: len sets list lengths of waiting-line rows; {part!r} also names {puzzles}")
+        if options.get("aux_chat") is False and not [t for t in tasks or STAGE_TASKS if not t.startswith("aux/")]:
+            raise SystemExit(f"--stages: auxchat=0 needs an official task for the full rows in {part!r}")
         stages.append(Stage(kind, int(steps), tasks, **options))
     if not stages:
         raise SystemExit("--stages: no stage given")
@@ -312,6 +318,8 @@ def _stage_options(part: str, text: str) -> dict[str, Any]:
                 out[key] = not eq or bool(int(value))
             elif key == "pad":
                 out[key] = bool(int(value))
+            elif key == "auxchat":
+                out["aux_chat"] = bool(int(value))
             elif key == "gap":
                 out[key] = int(value)
             elif key == "len":
@@ -710,7 +718,8 @@ def main(argv: list[str] | None = None) -> None:
         if stage.kind == "short":
             return Mix(args.short_batch, 1.0, tasks, weights, **opts)
         share = stage.share if stage.share is not None else args.short_share
-        return Mix(args.full_batch, share, tasks, weights, **opts)
+        aux_chat = stage.aux_chat is not False
+        return Mix(args.full_batch, share, tasks, weights, aux_chat=aux_chat, **opts)
 
     resets = {start for start, st in zip(stage_starts(args.stage_list), args.stage_list[1:], strict=True) if st.reset}
 
