@@ -1140,6 +1140,6 @@ def test_auxchat_0_keeps_training_only_rows_out_of_the_official_slots(mini_pb, t
         lb for _, _, lb in without if lb.startswith("short/")
     )
     stage = tr.parse_stages("full[copy+missing_first]{share=0.5,auxchat=0}:3")[0]
-    assert stage.aux_chat is False and tr.parse_stages("full:3")[0].aux_chat is None
+    assert stage.aux_chat is False and tr.parse_stages("full:3")[0].aux_chat is True
     with pytest.raises(SystemExit, match="auxchat=0 needs an official task"):
         tr.parse_stages("full[missing_first]{auxchat=0}:3")

@@ -263,7 +263,7 @@ class Stage:
     reset: bool = False
     gap: int | None = None
     lengths: tuple[int, int] | None = None
-    aux_chat: bool | None = None
+    aux_chat: bool = True
 
 
 _STAGE_OPTIONS = ("lr", "share", "icl", "pad", "reset", "gap", "len", "auxchat")
@@ -272,7 +272,7 @@ _STAGE_OPTIONS = ("lr", "share", "icl", "pad", "reset", "gap", "len", "auxchat")
 def parse_stages(spec: str) -> list[Stage]:
     """``"short:600,full:5000"``; a stage may name its tasks, ``short[sort+shuffle]:300`` (op names or full names),
     and set options, ``full[copy+reverse]{lr=3e-4,share=0.5,icl=0.5,pad=1,gap=48,len=2-6,auxchat=0,reset}:1000``."""
-    from stream import STAGE_TASKS
+    from stream import AUX_TASKS, STAGE_TASKS
 
     stages = []
     for part in _split_top(spec):
@@ -295,7 +295,7 @@ def parse_stages(spec: str) -> list[Stage]:
         puzzles = [t for t in tasks or STAGE_TASKS if not t.startswith(("waiting_line/", "aux/"))]
         if "lengths" in options and puzzles:
             raise SystemExit(f"--stages: len sets list lengths of waiting-line rows; {part!r} also names {puzzles}")
-        if options.get("aux_chat") is False and not [t for t in tasks or STAGE_TASKS if not t.startswith("aux/")]:
+        if options.get("aux_chat") is False and not [t for t in tasks or STAGE_TASKS if t not in AUX_TASKS]:
             raise SystemExit(f"--stages: auxchat=0 needs an official task for the full rows in {part!r}")
         stages.append(Stage(kind, int(steps), tasks, **options))
     if not stages:
@@ -718,8 +718,7 @@ def main(argv: list[str] | None = None) -> None:
         if stage.kind == "short":
             return Mix(args.short_batch, 1.0, tasks, weights, **opts)
         share = stage.share if stage.share is not None else args.short_share
-        aux_chat = stage.aux_chat is not False
-        return Mix(args.full_batch, share, tasks, weights, aux_chat=aux_chat, **opts)
+        return Mix(args.full_batch, share, tasks, weights, aux_chat=stage.aux_chat, **opts)
 
     resets = {start for start, st in zip(stage_starts(args.stage_list), args.stage_list[1:], strict=True) if st.reset}
 
