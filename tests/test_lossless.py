@@ -236,3 +236,38 @@ def test_bench_lossless_with_a_cache_stays_exact_against_the_same_cache(capsys):
     assert static["cache"] == fast["cache"] == "prefix"
     assert fast["same_as_static"] == 1.0 and fast["forwards_vs_static"] > 1.5
     assert fast["token_forwards"] > static["token_forwards"]  # the drafts cost compute
+
+
+def test_draft_ranking_breaks_ties_as_the_rules_successive_picks():
+    """Exactly tied scores (a sure model's fp32 confidences of 1.0): the hint's ranking puts in step j the slots that
+    the rule's own ``top_k_per_row`` picks from the scores left after steps 1 .. j - 1, step by step."""
+    from dlm_decode.samplers.base import top_k_per_row
+    from dlm_decode.samplers.lossless import Lossless
+
+    gen = torch.Generator().manual_seed(3)
+    for _ in range(20):
+        score = torch.randint(0, 3, (3, 24), generator=gen).float() / 2  # values 0, 0.5, 1: ties everywhere
+        cand = torch.rand(3, 24, generator=gen) < 0.8
+        counts = torch.tensor([[1, 1, 1, 1], [2, 1, 2, 1], [1, 3, 1, 1]])  # slots per drafted step
+        bound = torch.cat([torch.zeros(3, 1, dtype=torch.long), counts.cumsum(1)], 1)
+        bound = torch.minimum(bound, cand.sum(1, keepdim=True))
+        rank = Lossless._ranking(score, cand, bound)
+        left = torch.where(cand, score, float("-inf"))
+        for j in range(1, bound.shape[1]):
+            picked = top_k_per_row(left, bound[:, j] - bound[:, j - 1])
+            in_step = (rank >= bound[:, j - 1, None]) & (rank < bound[:, j, None])
+            assert torch.equal(in_step, picked)
+            left = left.masked_fill(picked, float("-inf"))
+        assert (rank[~cand] == 24).all()  # slots off the canvas's masks are never drafted
+
+
+@needs_data
+def test_demo_dream_drafts_follow_its_tied_confidences(demo_tasks):
+    """demo-dream is sure of most copy tokens (confidence exactly 1.0 in fp32); drafts ranked by the rule's own
+    step-by-step tie order are accepted for more than two static steps per forward (1.8 with one ``topk``)."""
+    model, tok = dlm_decode.load_model("demo-dream")
+    task = next(t for t in demo_tasks if t.name == "waiting_line/copy")
+    chats = [task.messages(i) for i in range(len(task))]
+    static, fast = _pair(model, "maskgit_plus", chats, 4, tokenizer=tok, chat=True, gen_length=32)
+    _assert_lossless(static, fast, 4)
+    assert fast.accepted_steps_per_call > 2.0

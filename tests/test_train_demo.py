@@ -1143,3 +1143,28 @@ def test_auxchat_0_keeps_training_only_rows_out_of_the_official_slots(mini_pb, t
     assert stage.aux_chat is False and tr.parse_stages("full:3")[0].aux_chat is True
     with pytest.raises(SystemExit, match="auxchat=0 needs an official task"):
         tr.parse_stages("full[missing_first]{auxchat=0}:3")
+
+
+def test_auxpad_0_leaves_training_only_rows_unpadded_beside_padded_task_rows(mini_pb, tok):
+    st, tr = _load("stream"), _load("train")
+    stream = st.RowStream(mini_pb, tok, seed=5)
+    tasks = ("waiting_line/copy", st.MISSING_FIRST)
+    padded = st.Mix(batch=24, short_share=1.0, tasks=tasks, bare=True, pad=True)
+    mixed = st.Mix(**{**padded.__dict__, "aux_pad": False})
+    eos, eot = tok.eos_token_id, tok.convert_tokens_to_ids("<|eot_id|>")
+    for mix, aux_padded in ((padded, True), (mixed, False)):
+        rows = stream.rows(2, mix)
+        kinds = {label for _, _, label in rows}
+        assert kinds == {"short/waiting_line/copy", "short/aux/missing_first"}
+        for _, resp, label in rows:
+            if label.endswith("copy"):  # the official task's rows keep their padding either way
+                assert resp[-1] == eos and eot in resp
+            else:  # one first name answered, then <|eot_id|>; EOS padding only when the aux rows follow pad
+                assert (resp[-1] == eos) is aux_padded
+                assert resp[resp.index(eot) + 1 :] == ([eos] * (len(resp) - resp.index(eot) - 1))
+                assert (len(resp) > resp.index(eot) + 1) is aux_padded
+    # the same draws either way: only the padding of the training-only rows differs
+    a, b = stream.rows(2, padded), stream.rows(2, mixed)
+    assert [(p, lb) for p, _, lb in a] == [(p, lb) for p, _, lb in b]
+    stage = tr.parse_stages("full[copy+missing_first]{pad=1,auxpad=0}:3")[0]
+    assert stage.pad is True and stage.aux_pad is False and tr.parse_stages("full:3")[0].aux_pad is None

@@ -46,7 +46,7 @@ import json
 import random
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -188,6 +188,10 @@ class Mix:
     # training-only tasks (AUX_TASKS) also fill a full stage's official slots, as the copy chat with their question
     # appended; False: they come as short rows only, and the official slots draw from the other tasks
     aux_chat: bool = True
+    # EOS padding of the training-only rows (find, missing, ...); None: as ``pad``. ``aux_pad=False`` beside ``pad``
+    # keeps the comparison rows short (one answer token in four weighs what it needs; "Thirteenth round") while the
+    # ten tasks' rows stay padded as the shipped model learned them
+    aux_pad: bool | None = None
 
 
 class RowStream:
@@ -288,6 +292,8 @@ class RowStream:
             messages[-1] = {**messages[-1], "content": messages[-1]["content"] + line + "\n"}
             return self.encode(messages, list_to_str(answer), gen_length)
         prompt = _with_gap(f"{line} {sample['input']['context']}", gap)
+        if mix.aux_pad is not None and mix.aux_pad != mix.pad:
+            mix = replace(mix, pad=mix.aux_pad)
         return self.text_row(prompt, list_to_str(answer), gen_length, mix)
 
     def short_row(

@@ -250,6 +250,7 @@ class Stage:
     ``auxchat=0`` keeps the training-only rows (find, missing, ...) out of a full stage's official slots: they come as
     short rows only (default 1: also as the copy chat with their question appended, whose one-name answers then
     outnumber the real copy chats and teach the copy prompt short answers; "Fourteenth round");
+    ``auxpad=0`` leaves the training-only rows unpadded while ``pad=1`` pads the others (default: as ``pad``);
     ``reset`` starts the stage with fresh optimizer moments (Adam's second moments from easy rows make the first
     updates on a new kind of row several times the learning rate)."""
 
@@ -264,14 +265,15 @@ class Stage:
     gap: int | None = None
     lengths: tuple[int, int] | None = None
     aux_chat: bool = True
+    aux_pad: bool | None = None
 
 
-_STAGE_OPTIONS = ("lr", "share", "icl", "pad", "reset", "gap", "len", "auxchat")
+_STAGE_OPTIONS = ("lr", "share", "icl", "pad", "reset", "gap", "len", "auxchat", "auxpad")
 
 
 def parse_stages(spec: str) -> list[Stage]:
     """``"short:600,full:5000"``; a stage may name its tasks, ``short[sort+shuffle]:300`` (op names or full names),
-    and set options, ``full[copy+reverse]{lr=3e-4,share=0.5,icl=0.5,pad=1,gap=48,len=2-6,auxchat=0,reset}:1000``."""
+    and set options, ``full[copy+reverse]{lr=3e-4,share=0.5,icl=0.5,pad=1,gap=48,len=2-6,auxchat=0,auxpad=0,reset}:1000``."""
     from stream import AUX_TASKS, STAGE_TASKS
 
     stages = []
@@ -320,6 +322,8 @@ def _stage_options(part: str, text: str) -> dict[str, Any]:
                 out[key] = bool(int(value))
             elif key == "auxchat":
                 out["aux_chat"] = bool(int(value))
+            elif key == "auxpad":
+                out["aux_pad"] = bool(int(value))
             elif key == "gap":
                 out[key] = int(value)
             elif key == "len":
@@ -715,6 +719,7 @@ def main(argv: list[str] | None = None) -> None:
         padded = pad if stage.pad is None else stage.pad
         icl = stage.icl if stage.icl is not None else args.short_icl
         opts = {"bare": bare, "pad": padded, "icl": icl, "gap": stage.gap or 0, "lengths": stage.lengths}
+        opts["aux_pad"] = stage.aux_pad
         if stage.kind == "short":
             return Mix(args.short_batch, 1.0, tasks, weights, **opts)
         share = stage.share if stage.share is not None else args.short_share
