@@ -273,7 +273,8 @@ _STAGE_OPTIONS = ("lr", "share", "icl", "pad", "reset", "gap", "len", "auxchat",
 
 def parse_stages(spec: str) -> list[Stage]:
     """``"short:600,full:5000"``; a stage may name its tasks, ``short[sort+shuffle]:300`` (op names or full names),
-    and set options, ``full[copy+reverse]{lr=3e-4,share=0.5,icl=0.5,pad=1,gap=48,len=2-6,auxchat=0,auxpad=0,reset}:1000``."""
+    and set options,
+    ``full[copy+reverse]{lr=3e-4,share=0.5,icl=0.5,pad=1,gap=48,len=2-6,auxchat=0,auxpad=0,reset}:1000``."""
     from stream import AUX_TASKS, STAGE_TASKS
 
     stages = []
