@@ -1168,3 +1168,25 @@ def test_auxpad_0_leaves_training_only_rows_unpadded_beside_padded_task_rows(min
     assert [(p, lb) for p, _, lb in a] == [(p, lb) for p, _, lb in b]
     stage = tr.parse_stages("full[copy+missing_first]{pad=1,auxpad=0}:3")[0]
     assert stage.pad is True and stage.aux_pad is False and tr.parse_stages("full:3")[0].aux_pad is None
+
+
+def test_train_only_updates_the_named_layers_and_keeps_the_rest_exactly(tok, tmp_path, mini_pb):
+    from safetensors.torch import load_file
+
+    tr, gr = _load("train"), _load("grow")
+    common = [*_tiny_run_args(tok, tmp_path, mini_pb), "--stages", "short:3", "--short-batch", "4"]
+    common += ["--eval-every", "0", "--export-every", "0", "--warmup", "1", "--lr", "1e-2"]
+    tr.main([*common, "--out", str(tmp_path / "base")])
+    old, _ = dlm_decode.load_model(str(tmp_path / "base" / "export"), tokenizer=False)
+    grown = gr.grow(old.float().eval(), d_model=32, mlp_hidden=64, n_layers=2)
+    grown.save_pretrained(tmp_path / "g", safe_serialization=True)
+    tr.main([*common, "--init", str(tmp_path / "g"), "--train-only", r"blocks\.1\.", "--out", str(tmp_path / "f")])
+    before = load_file(tmp_path / "g" / "model.safetensors")
+    after = load_file(tmp_path / "f" / "export" / "model.safetensors")
+    moved = {k for k in before if not torch.equal(before[k], after[k])}
+    assert moved and all(".blocks.1." in k for k in moved)  # the new layer trained, nothing else changed
+    assert {k for k in before if ".blocks.1." in k and k.endswith(("attn_out.weight", "ff_out.weight"))} <= moved
+    with pytest.raises(SystemExit, match="matches no parameter"):
+        tr.main([*common, "--init", str(tmp_path / "g"), "--train-only", "nothing_here", "--out", str(tmp_path / "x")])
+    with pytest.raises(SystemExit):
+        tr.parse_args(["--tokenizer", "t", "--out", "o", "--train-only", "blocks[("])

@@ -25,6 +25,7 @@ import argparse
 import json
 import os
 import random
+import re
 import shutil
 import time
 from dataclasses import asdict, dataclass
@@ -425,6 +426,23 @@ def stage_starts(stages: list[Stage]) -> tuple[int, ...]:
     return tuple(starts)
 
 
+def trainable_parameters(
+    model: torch.nn.Module, patterns: list[re.Pattern] | None
+) -> list[tuple[str, torch.nn.Parameter]]:
+    """The (name, parameter) pairs that train; with ``patterns`` the others get ``requires_grad=False``."""
+    if patterns is None:
+        return list(model.named_parameters())
+    keep = []
+    for name, p in model.named_parameters():
+        p.requires_grad_(any(pat.search(name) for pat in patterns))
+        if p.requires_grad:
+            keep.append((name, p))
+    if not keep:
+        names = ", ".join(n for n, _ in list(model.named_parameters())[:6])
+        raise SystemExit(f"--train-only matches no parameter of the model (names look like: {names}, ...)")
+    return keep
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument(
@@ -537,7 +555,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="start from this exported model (config.json + model.safetensors) instead of fresh weights; the "
         "optimizer and schedule start fresh (the architecture flags are then taken from its config)",
     )
+    ap.add_argument(
+        "--train-only",
+        default=None,
+        help="comma-separated regular expressions: only parameters whose names match one (re.search) train, the "
+        "rest are frozen, e.g. 'blocks\\.[45]\\.' for the two layers grow.py put on top of a trained 4-layer "
+        'model (new skills in new layers, the old ones kept exactly; "Sixteenth round")',
+    )
     args = ap.parse_args(argv)
+    if args.train_only is not None:
+        try:
+            args.train_patterns = [re.compile(x) for x in args.train_only.split(",") if x.strip()]
+        except re.error as e:
+            ap.error(f"--train-only: {e}")
+        if not args.train_patterns:
+            ap.error("--train-only: give at least one regular expression")
+    else:
+        args.train_patterns = None
     for flag in ("short_share", "short_icl"):
         if not 0.0 <= getattr(args, flag) <= 1.0:
             ap.error(f"--{flag.replace('_', '-')} must be in [0, 1], got {getattr(args, flag)}")
@@ -684,8 +718,14 @@ def main(argv: list[str] | None = None) -> None:
     accelerator.print(
         f"{args.arch}: {n_params / 1e6:.2f}M parameters, size {asdict(size)}; {total} steps {args.stages}"
     )
-    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
-    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
+    trainable = trainable_parameters(model, args.train_patterns)
+    if args.train_patterns is not None:
+        n_train = sum(p.numel() for _, p in trainable)
+        accelerator.print(
+            f"--train-only: {len(trainable)} tensors, {n_train / 1e6:.3f}M parameters train; the rest frozen"
+        )
+    decay = [p for n, p in trainable if p.dim() >= 2]
+    no_decay = [p for n, p in trainable if p.dim() < 2]
     opt = torch.optim.AdamW(
         [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
         lr=args.lr,
@@ -733,7 +773,7 @@ def main(argv: list[str] | None = None) -> None:
         "arch": args.arch,
         "size": asdict(size),
         "params": n_params,
-        "args": {k: v for k, v in vars(args).items() if k not in ("stage_list", "weights")},
+        "args": {k: v for k, v in vars(args).items() if k not in ("stage_list", "weights", "train_patterns")},
     }
     if args.init:  # the architecture is the initial model's
         meta["init"] = args.init
@@ -769,7 +809,7 @@ def main(argv: list[str] | None = None) -> None:
         gen = step_generator(args.seed, step)
         loss, info = diffusion_loss(model, batch, gen, stratified=args.t_sampling == "stratified")
         accelerator.backward(loss)
-        accelerator.clip_grad_norm_(model.parameters(), 1.0)
+        accelerator.clip_grad_norm_([p for _, p in trainable], 1.0)
         opt.step()
         sched.step()
         opt.zero_grad(set_to_none=True)
