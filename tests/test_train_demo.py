@@ -1190,3 +1190,15 @@ def test_train_only_updates_the_named_layers_and_keeps_the_rest_exactly(tok, tmp
         tr.main([*common, "--init", str(tmp_path / "g"), "--train-only", "nothing_here", "--out", str(tmp_path / "x")])
     with pytest.raises(SystemExit):
         tr.parse_args(["--tokenizer", "t", "--out", "o", "--train-only", "blocks[("])
+
+
+def test_keep_exports_leaves_every_periodic_export_beside_the_latest(tok, tmp_path, mini_pb):
+    tr = _load("train")
+    args = [*_tiny_run_args(tok, tmp_path, mini_pb), "--stages", "short:2,short[copy]:3", "--short-batch", "2"]
+    args += ["--eval-every", "0", "--warmup", "1", "--export-every", "2", "--keep-exports"]
+    tr.main([*args, "--out", str(tmp_path / "r")])
+    kept = sorted(p.name for p in (tmp_path / "r").glob("export-step*"))
+    assert kept == ["export-step2", "export-step4", "export-step5"]  # 2 and 4 periodic (2 also a stage end), 5 the last
+    steps = {name: json.loads((tmp_path / "r" / name / "training.json").read_text())["step"] for name in kept}
+    assert steps == {"export-step2": 2, "export-step4": 4, "export-step5": 5}
+    assert json.loads((tmp_path / "r" / "export" / "training.json").read_text())["step"] == 5

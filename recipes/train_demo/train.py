@@ -532,6 +532,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--eval-samples", type=int, default=12, help="held-out samples per task per evaluation")
     ap.add_argument("--save-every", type=int, default=50)
     ap.add_argument("--export-every", type=int, default=500, help="also export the model every N steps")
+    ap.add_argument(
+        "--keep-exports",
+        action="store_true",
+        help="keep every periodic export as export-stepN/ beside export/ (for probes read after the run moved on)",
+    )
     ap.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out")
     ap.add_argument("--stop-after", type=int, default=None, help="stop at this step (as if interrupted)")
     ap.add_argument(
@@ -854,6 +859,8 @@ def main(argv: list[str] | None = None) -> None:
             save_checkpoint(accelerator, run_dir, done, {"elapsed": elapsed, "ema": ema})
         if exported:
             export("export")
+            if args.keep_exports and done not in restarts:
+                export(f"export-step{done}")
         if done in restarts:  # every stage's end state is kept
             export(f"export-step{done}")
         if args.stop_after is not None and done >= args.stop_after:
