@@ -859,9 +859,7 @@ def main(argv: list[str] | None = None) -> None:
             save_checkpoint(accelerator, run_dir, done, {"elapsed": elapsed, "ema": ema})
         if exported:
             export("export")
-            if args.keep_exports and done not in restarts:
-                export(f"export-step{done}")
-        if done in restarts:  # every stage's end state is kept
+        if done in restarts or (exported and args.keep_exports):  # every stage's end state is kept
             export(f"export-step{done}")
         if args.stop_after is not None and done >= args.stop_after:
             break
