@@ -387,6 +387,43 @@ def test_time_limit_saves_exports_and_resumes(tok, tmp_path, mini_pb):
         tr.parse_args(["--tokenizer", "t", "--out", "o", "--time-limit", "0"])
 
 
+def test_resume_with_another_lr_follows_the_new_peak_rate(tok, tmp_path, mini_pb):
+    tr = _load("train")
+    common = [*_tiny_run_args(tok, tmp_path, mini_pb), "--short-batch", "4", "--save-every", "2"]
+    common += ["--eval-every", "0", "--export-every", "0", "--warmup", "1", "--stage-warmup", "0"]
+    common += ["--decay-steps", "2", "--out", str(tmp_path / "r")]
+    tr.main([*common, "--stages", "short:2,short{lr=2e-3}:2", "--lr", "1e-3", "--stop-after", "2"])
+    # resumed at half the --lr with the second stage lengthened: its own rate (scaled by --lr as in a fresh run),
+    # constant, then the decay to a tenth over the last two steps (the rate logged at step s is the next step's)
+    tr.main([*common, "--stages", "short:2,short{lr=1e-3}:4", "--lr", "5e-4", "--resume"])
+    log = [json.loads(x) for x in (tmp_path / "r" / "log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log] == [1, 2, 3, 4, 5, 6]
+    assert [r["lr"] for r in log[:2]] == [1e-3, 2e-3]  # written by the first run
+    assert [r["lr"] for r in log[2:]] == pytest.approx([1e-3, 1e-3, 5.5e-4, 1e-4])  # the old peak gave twice these
+
+    # the optimizer's rate for the very next step is the new one too (not only the scheduler's bookkeeping)
+    w = torch.nn.Parameter(torch.zeros(2))
+    opt = torch.optim.AdamW([w], lr=1e-3)
+    shape = tr.wsd_lambda(1, 10, 4)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, shape)
+    for _ in range(7):
+        opt.step()
+        sched.step()
+    state = (opt.state_dict(), sched.state_dict())
+    opt2 = torch.optim.AdamW([w], lr=3e-4)
+    sched2 = torch.optim.lr_scheduler.LambdaLR(opt2, shape)
+    opt2.load_state_dict(state[0])
+    sched2.load_state_dict(state[1])
+    assert opt2.param_groups[0]["lr"] == pytest.approx(1e-3 * shape(7))  # what a plain resume would use
+    said = []
+    tr.apply_peak_rate(sched2, 3e-4, said.append)
+    assert opt2.param_groups[0]["lr"] == pytest.approx(3e-4 * shape(7)) and "0.0003" in said[0]
+    sched2.step()
+    assert opt2.param_groups[0]["lr"] == pytest.approx(3e-4 * shape(8))
+    tr.apply_peak_rate(sched2, 3e-4, said.append)  # the same rate: nothing to say, nothing changed
+    assert len(said) == 1 and opt2.param_groups[0]["lr"] == pytest.approx(3e-4 * shape(8))
+
+
 def test_chat_short_rows_are_scored_as_chats(tok, tmp_path, mini_pb):
     tr, st = _load("train"), _load("stream")
     args = [*_tiny_run_args(tok, tmp_path, mini_pb), "--stages", "short[copy]:1", "--short-batch", "2"]

@@ -417,6 +417,20 @@ def wsd_lambda(
     return f
 
 
+def apply_peak_rate(sched: torch.optim.lr_scheduler.LambdaLR, lr: float, say: Any = print) -> None:
+    """Make a resumed schedule follow this command's ``--lr``. A checkpoint restores the scheduler's base rates and
+    the optimizer's current ones, so without this a resume with another ``--lr`` silently kept the old peak (and a
+    stage's ``{lr=...}``, scaled by ``--lr``, came out wrong too). With the same ``--lr`` nothing changes."""
+    old = sched.base_lrs[0]
+    if old == lr:
+        return
+    say(f"--lr {lr:g} replaces the checkpoint's peak rate {old:g} from the next step on")
+    sched.base_lrs = [lr] * len(sched.base_lrs)
+    for group, fn in zip(sched.optimizer.param_groups, sched.lr_lambdas, strict=True):
+        group["initial_lr"] = lr
+        group["lr"] = lr * fn(sched.last_epoch)
+
+
 def stage_starts(stages: list[Stage]) -> tuple[int, ...]:
     """First step of every stage after the first."""
     starts, end = [], 0
@@ -756,6 +770,7 @@ def main(argv: list[str] | None = None) -> None:
         accelerator.load_state(str(ckpt))
         start_step = json.loads((ckpt / "trainer_state.json").read_text())["step"]
         accelerator.print(f"resumed from {ckpt} at step {start_step}")
+        apply_peak_rate(getattr(sched, "scheduler", sched), args.lr, accelerator.print)
 
     bare, pad = args.short_format != "chat", args.short_format == "bare-padded"
 
