@@ -1239,3 +1239,41 @@ def test_keep_exports_leaves_every_periodic_export_beside_the_latest(tok, tmp_pa
     steps = {name: json.loads((tmp_path / "r" / name / "training.json").read_text())["step"] for name in kept}
     assert steps == {"export-step2": 2, "export-step4": 4, "export-step5": 5}
     assert json.loads((tmp_path / "r" / "export" / "training.json").read_text())["step"] == 5
+
+
+def test_pairing_probe_tells_recombined_names_from_wrong_people():
+    pp = _load("pairing_probe")
+    three = ["Karen Kim", "Jerry Hall", "Jose Marshall"]
+    rm = {"input": three}
+    # the measured failure: one person removed, but the first names of one removal and the last names of another
+    assert pp.classify("waiting_line/remove_random", rm, ["Karen Hall", "Jose Marshall"], 0.0) == "paired_wrong"
+    assert pp.classify("waiting_line/remove_random", rm, ["Karen Kim", "Jose Marshall"], 1.0) == "solved"
+    assert pp.classify("waiting_line/remove_random", rm, ["Karen Kim", "Bo Hall"], 0.0) == "other"  # Bo: nobody
+    assert pp.classify("waiting_line/remove_random", rm, three, 0.0) == "other"  # nobody removed: wrong length
+    sh = {"input": three}
+    assert pp.classify("waiting_line/shuffle", sh, ["Jerry Kim", "Karen Marshall", "Jose Hall"], 0.0) == "paired_wrong"
+    assert pp.classify("waiting_line/shuffle", sh, ["Jerry Hall", "Jerry Hall", "Jose Marshall"], 0.0) == "other"
+    assert pp.classify("waiting_line/shuffle", sh, None, 0.0) == "other"
+    ins = {"input": three, "word": "Justin McDonald"}
+    got = ["Karen Kim", "Justin Hall", "Jerry McDonald", "Jose Marshall"]
+    assert pp.classify("waiting_line/insert_random", ins, got, 0.0) == "paired_wrong"
+    rep = {"input": three, "word": "Juan Torres"}
+    assert pp.classify("waiting_line/replace_random", rep, ["Karen Torres", "Juan Hall", "Jose Marshall"], 0.0) == (
+        "paired_wrong"
+    )
+    srt = '["Jerry Hall", "Jose Marshall", "Karen Kim"]'  # sort's answer is the list itself, as text
+    assert pp.classify("waiting_line/sort", srt, ["Jerry Kim", "Jose Marshall", "Karen Hall"], 0.0) == "paired_wrong"
+    with pytest.raises(SystemExit):  # a task without a rule is refused before any model loads
+        pp.main(["no-such-model", "--tasks", "puzzle/latin_square_n4"])
+
+
+def test_pairing_probe_runs_on_the_shipped_model():
+    from conftest import SHARED_DATA
+
+    if not SHARED_DATA.is_dir():
+        pytest.skip("official ParallelBench data not present")
+    pp = _load("pairing_probe")
+    out = pp.main(["demo-llada", "--data", str(SHARED_DATA), "--tasks", "waiting_line/remove_random", "--limit", "4"])
+    row = out["waiting_line/remove_random"]
+    assert row["n"] == 4 and row["solved"] + row["paired_wrong"] + row["other"] == 4
+    assert row["solved"] >= 3  # the shipped model scores 97 on remove_random (its own deterministic removal)
