@@ -25,13 +25,12 @@ import argparse
 import json
 import sys
 from collections import Counter
-from pathlib import Path
 from typing import Any
-
-DEFAULT_DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "parallelbench"  # ../shared beside the repo
 
 RANDOM_TASKS = ("waiting_line/shuffle", "waiting_line/insert_random", "waiting_line/remove_random",
                 "waiting_line/replace_random")  # fmt: skip
+SAME_PEOPLE = ("shuffle", "sort", "copy", "reverse")  # waiting-line tasks whose answer holds the input's people
+RULED = (*SAME_PEOPLE, "insert_random", "remove_random", "replace_random")  # the tasks ``valid_people`` knows
 
 
 def valid_people(task: str, answer: dict[str, Any] | str) -> list[list[str]]:
@@ -39,7 +38,7 @@ def valid_people(task: str, answer: dict[str, Any] | str) -> list[list[str]]:
     dict with the input list, or the answer list itself as JSON text for the fixed-answer tasks such as sort)."""
     people = json.loads(answer) if isinstance(answer, str) else list(answer["input"])
     name = task.split("/")[-1]
-    if name in ("shuffle", "sort", "copy", "reverse"):
+    if name in SAME_PEOPLE:
         return [people]
     if name == "insert_random":
         return [[*people, answer["word"]]]
@@ -47,7 +46,7 @@ def valid_people(task: str, answer: dict[str, Any] | str) -> list[list[str]]:
         return [people[:i] + people[i + 1 :] for i in range(len(people))]
     if name == "replace_random":
         return [people[:i] + [answer["word"]] + people[i + 1 :] for i in range(len(people))]
-    raise ValueError(f"pairing_probe: no rule for {task!r}; tasks with one: {', '.join(RANDOM_TASKS)}, sort")
+    raise ValueError(f"pairing_probe: no rule for {task!r}; tasks with one: waiting_line/{{{','.join(RULED)}}}")
 
 
 def classify(task: str, answer: dict[str, Any] | str, predicted: list[str] | None, score: float) -> str:
@@ -66,7 +65,9 @@ def classify(task: str, answer: dict[str, Any] | str, predicted: list[str] | Non
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("model", help="checkpoint directory or demo name")
-    ap.add_argument("--data", default=str(DEFAULT_DATA), help="ParallelBench data directory (default: %(default)s)")
+    ap.add_argument(
+        "--data", default=None, help="ParallelBench data directory (default: $DLM_PARALLELBENCH_DATA or ../shared/...)"
+    )
     ap.add_argument("--tasks", default=",".join(RANDOM_TASKS), help="comma-separated waiting-line tasks")
     ap.add_argument("--limit", type=int, default=20, help="samples per task")
     ap.add_argument("--stride", type=int, default=5, help="every N-th official sample (all list lengths)")
@@ -75,21 +76,23 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.limit < 1 or args.stride < 1:
         ap.error("--limit and --stride must be >= 1")
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
-    for t in tasks:  # a task without a rule fails before the model loads
-        try:
-            valid_people(t, {"input": ["A B"], "word": "C D"})
-        except ValueError as e:
-            ap.error(str(e))
+    unruled = [t for t in tasks if not t.startswith("waiting_line/") or t.split("/")[-1] not in RULED]
+    if unruled:  # refused before the model loads
+        ap.error(f"--tasks: no rule for {', '.join(unruled)}; tasks with one: waiting_line/{{{','.join(RULED)}}}")
 
     import dataclasses
 
     import dlm_decode
     from dlm_decode.parallelbench.metrics import parse_list
-    from dlm_decode.parallelbench.runner import load_tasks, run_task
+    from dlm_decode.parallelbench.runner import load_tasks, require_data_dir, run_task
 
+    try:
+        data = require_data_dir(args.data)
+    except FileNotFoundError as e:
+        ap.error(str(e))
     model, tok = dlm_decode.load_model(args.model)
     report: dict[str, Any] = {"model": args.model, "stride": args.stride}
-    for task in load_tasks(args.data, tasks, limit=args.limit * args.stride):
+    for task in load_tasks(data, tasks, limit=args.limit * args.stride):
         task = dataclasses.replace(task, samples=task.samples[:: args.stride][: args.limit])
         res = run_task(model, tok, task, {}, batch_size=args.batch_size, progress=False)
         counts = Counter(

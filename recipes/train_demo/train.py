@@ -874,7 +874,7 @@ def main(argv: list[str] | None = None) -> None:
             save_checkpoint(accelerator, run_dir, done, {"elapsed": elapsed, "ema": ema})
         if exported:
             export("export")
-        if done in restarts or (exported and args.keep_exports):  # every stage's end state is kept
+        if done in restarts or (exported and args.keep_exports):  # stage ends; all with --keep-exports
             export(f"export-step{done}")
         if args.stop_after is not None and done >= args.stop_after:
             break
