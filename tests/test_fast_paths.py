@@ -255,3 +255,30 @@ def test_region_end_follows_every_block_end_change(llada, monkeypatch):
     opts = {"delimiter_ids": tuple(range(3, 63)), "delimiter_threshold": 0.05}
     out = dlm_decode.generate(llada, MIXED, sampler="adaptive_block", sampler_options=opts, gen_length=24)
     assert seen and any(s != 8 for sizes in out.scratch["adaptive_block"] for s in sizes if s > 0)
+
+
+def _bench_fused():
+    spec = importlib.util.spec_from_file_location("bench_fused", REPO / "benchmarks" / "bench_fused_projections.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_bench_fused_projections_compares_equal_outputs_and_ends_in_one_json_line(capsys):
+    bench = _bench_fused()
+    torch.manual_seed(0)
+    x, ws = torch.randn(4, 16), [torch.randn(8, 16), torch.randn(24, 16)]
+    r = bench.compare(x, ws, repeats=1, calls=2)
+    # the flag reports what the two ways give (not bitwise equal at every shape: BLAS blocks by output width)
+    fused = torch.nn.functional.linear(x, torch.cat(ws)).split([8, 24], -1)
+    expected = all(torch.equal(torch.nn.functional.linear(x, w), f) for w, f in zip(ws, fused))
+    assert r["bitwise_equal"] is expected and r["calls"] == 2 and r["separate_us"] > 0 and r["fused_us"] > 0
+    assert bench.compare(x, ws[:1], repeats=1, calls=1)["bitwise_equal"] is True  # one weight: the same call
+    out = bench.main(["--sizes", "demo", "--rows", "2", "--repeats", "1", "--calls", "1", "--threads", "1"])
+    last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert last == out and last["torch_threads"] == 1
+    assert [(r["rows"], r["what"]) for r in last["results"]] == [(2, "qkv"), (2, "gate_up")]
+    with pytest.raises(SystemExit):
+        bench.main(["--sizes", "huge"])
+    with pytest.raises(SystemExit):
+        bench.main(["--rows", "a,b"])

@@ -1277,3 +1277,50 @@ def test_pairing_probe_runs_on_the_shipped_model():
     row = out["waiting_line/remove_random"]
     assert row["n"] == 4 and row["solved"] + row["paired_wrong"] + row["other"] == 4
     assert row["solved"] >= 3  # the shipped model scores 97 on remove_random (its own deterministic removal)
+
+
+def test_last_rows_ask_for_one_last_name_by_its_first_name(mini_pb, tok):
+    import random
+
+    st, tr, probe = _load("stream"), _load("train"), _load("probe")
+    sample = {"input": {"context": '["Ann Lee", "Bo Kim", "Ann Fox", "Cy Day"]'}}
+    seen = set()
+    for seed in range(40):
+        query, answer = st.last_query(sample, random.Random(seed))
+        # one person whose first name is unique in the list (never an Ann), answered by the last name alone
+        assert (query, answer) in ((["Bo"], ["Kim"]), (["Cy"], ["Day"])), (query, answer)
+        seen.add(answer[0])
+    assert seen == {"Kim", "Day"}
+    # the find rows' draws are unchanged by the one-person option (a resumed find stage sees the same rows)
+    assert st.lookup_query(sample, random.Random(3)) == st.lookup_query(sample, random.Random(3), one=False)
+    places, eot = set(), tok.convert_tokens_to_ids("<|eot_id|>")
+    for text, answer, resp, label in _aux_rows(st, mini_pb, tok, st.LAST, step=6, batch=16):
+        at = text.index("last ") + 5
+        lists = list(re.finditer(r"\[[^\]]*\]", text))
+        (first,) = json.loads(next(m.group() for m in lists if m.start() == at))
+        people = json.loads([m.group() for m in lists if m.start() != at][-1])
+        (person,) = [p for p in people if p.split(" ")[0] == first]  # the first name names exactly one person
+        last = person.split(" ")[1]
+        assert answer == " " + last, text
+        ids = tok(" " + last, add_special_tokens=False)["input_ids"]
+        assert resp[:2] == [*ids, eot] and len(ids) == 1  # one token, the one the list has after the first name
+        assert len(resp) == 32 and ("<|start_header_id|>" in text) == label.startswith("full/")
+        places.add(people.index(person))
+    assert len(places) > 1  # the asked-for person is not always at the same place: no position route
+    assert tr.parse_stages("short[last+copy]:3")[0].tasks == (st.LAST, "waiting_line/copy")
+    assert tr.parse_weights("last=4") == {st.LAST: 4.0}
+    stream = st.RowStream(mini_pb, tok, seed=0)
+    rows = probe.find_rows(stream, 3, seed=2, full=False, padded=False, task=st.LAST)
+    assert all(a[-1] == eot and len(a) == 2 and "last [" in tok.decode(p) for p, a in rows)  # the name + eot, unpadded
+
+
+def test_exclusion_probe_refuses_a_missing_data_directory_before_loading(tmp_path, monkeypatch):
+    ex = _load("exclusion_probe")
+    import dlm_decode.models as models
+
+    def no_load(*_a, **_k):
+        raise AssertionError("weights loaded before the data directory was checked")
+
+    monkeypatch.setattr(models, "load_model", no_load)
+    with pytest.raises(SystemExit, match="not found.*nope"):
+        ex.main(["demo-llada", "--data", str(tmp_path / "nope")])

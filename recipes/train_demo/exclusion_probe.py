@@ -87,7 +87,9 @@ def probe_task(model: Any, rows: list[tuple[torch.Tensor, int, int, torch.Tensor
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("model", help="checkpoint directory or demo-llada / demo-dream")
-    ap.add_argument("--data", default="/work/shared/data/parallelbench", help="ParallelBench directory")
+    ap.add_argument(
+        "--data", default=None, help="ParallelBench data directory (default: $DLM_PARALLELBENCH_DATA or ../shared/...)"
+    )
     ap.add_argument("--limit", type=int, default=40, help="samples per task (the first N of the file)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
@@ -95,10 +97,15 @@ def main(argv: list[str] | None = None) -> None:
     if args.limit < 1:
         ap.error(f"--limit must be >= 1, got {args.limit}")
     from dlm_decode.models import load_model
+    from dlm_decode.parallelbench.runner import require_data_dir
     from dlm_decode.parallelbench.tasks import load_task
 
     torch.set_num_threads(args.threads)
-    tasks = [load_task(args.data, t) for t in TASKS]  # a missing file fails before the weights load
+    try:  # a missing directory or file fails before the weights load
+        data = require_data_dir(args.data)
+        tasks = [load_task(data, t) for t in TASKS]
+    except FileNotFoundError as err:
+        raise SystemExit(f"exclusion_probe: {err}") from None
     model, tok = load_model(args.model, dtype=torch.float32)
     model.eval()
     result = {"model": args.model, "seed": args.seed}

@@ -28,7 +28,8 @@ random order, so a last name has no position route), short (bare, padded as ``--
 copy chat with the query line): teacher-forced parts and greedy exact match of each. ``--exclude N`` reads the same
 on N exclude rows (``stream.EXCLUDE``: the list without the people a ``remove`` line names, a comparison by content),
 ``--missing N`` on N missing rows (``stream.MISSING``: all but one person named, the answer that one), and
-``--missing-first N`` on the same rows over first names only (``stream.MISSING_FIRST``: single-token items).
+``--missing-first N`` on the same rows over first names only (``stream.MISSING_FIRST``: single-token items), and
+``--last N`` on N last rows (``stream.LAST``: one first name asked for, its last name the one answer token).
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from stream import (  # noqa: E402
     EXCLUDE,
+    LAST,
     LOOKUP,
     MISSING,
     MISSING_FIRST,
@@ -181,7 +183,7 @@ def probe_rows_and_samples(
 def find_rows(
     stream: RowStream, n: int, seed: int, full: bool, padded: bool, task: str = LOOKUP
 ) -> list[tuple[list[int], list[int]]]:
-    """``n`` fresh rows of a training-only ``task`` (find, exclude or missing; ``RowStream.lookup_row``), short or
+    """``n`` fresh rows of a training-only ``task`` (find, exclude, missing, last; ``RowStream.lookup_row``), short or
     ``full``, drawn from held-out copy samples."""
     mix = Mix(n, 1.0, bare=True, pad=padded)
     rng = random.Random(seed)
@@ -207,6 +209,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument(
         "--missing-first", type=int, default=0, help="the same on missing_first rows (first names only, one token each)"
     )
+    ap.add_argument("--last", type=int, default=0, help="the look-up on N last rows (one last name by its first name)")
     ap.add_argument("--len", default=None, help="people per short-row list, LO-HI (a stage's len); default the task's")
     args = ap.parse_args(argv)
     lengths = list_lengths(args.len, "--len") if args.len else None
@@ -247,6 +250,7 @@ def main(argv: list[str] | None = None) -> dict:
         ("exclude", args.exclude, EXCLUDE),
         ("missing", args.missing, MISSING),
         ("missing_first", args.missing_first, MISSING_FIRST),
+        ("last", args.last, LAST),
     ):
         if not n:
             continue

@@ -33,6 +33,12 @@ that are functions of (run seed, step), so every batch is reproducible and a res
   This is the skill the random-output tasks lack (ninth round, ``exclusion_probe.py``): which people of the list are
   not already written elsewhere, a comparison by content with no position route. ``aux/missing`` (``missing``): the
   same with exactly one person kept, the simplest form of the question (no counting of the survivors).
+* **last rows** (``aux/last``, training only, when a stage names ``last``): ``last ["Cy"] ["Ann Lee", "Bo Kim", "Cy
+  Fox"]`` -> `` Fox``: one person, asked for by a first name that is unique in the list, answered by the last name
+  alone, as the list spells it after a first name (with its space: one token, the same token as in the list). The look-up of ``find`` reduced to one answer token (the form in which the comparison formed as
+  ``missing_first``): the queried person sits anywhere in the list, so the token can only come from finding the first
+  name and reading the token after it (seventeenth round: the random-output tasks' wrong answers are the right names
+  paired wrong).
 
 Targets are drawn by ``random_answer`` afresh for every row: the random-output tasks (shuffle, insert / remove /
 replace at random, latin square) keep their real diversity (any valid answer), the others get their unique answer.
@@ -70,20 +76,31 @@ LOOKUP = "aux/find"
 EXCLUDE = "aux/exclude"
 MISSING = "aux/missing"
 MISSING_FIRST = "aux/missing_first"
-AUX_TASKS = (LOOKUP, EXCLUDE, MISSING, MISSING_FIRST)
+LAST = "aux/last"
+AUX_TASKS = (LOOKUP, EXCLUDE, MISSING, MISSING_FIRST, LAST)
 STAGE_TASKS = TASKS + AUX_TASKS
 _LOOKUP_SOURCE = "waiting_line/copy"  # a find row's people are those of a generated copy sample
 
 
-def lookup_query(sample: Mapping[str, Any], rng: random.Random) -> tuple[list[str], list[str]]:
-    """A find row's query and answer: 1..n of the list's people (those whose first name is unique in it) in a random
-    order, the query holding their first names only, the answer their full names. The order carries no position, so
-    the only way to the last name is to find the first name in the list and read the token after it (induction)."""
+def lookup_query(
+    sample: Mapping[str, Any], rng: random.Random, one: bool = False
+) -> tuple[list[str], list[str]]:
+    """A find row's query and answer: 1..n of the list's people (those whose first name is unique in it; exactly one
+    with ``one``) in a random order, the query holding their first names only, the answer their full names. The order
+    carries no position, so the only way to the last name is to find the first name in the list and read the token
+    after it (induction)."""
     people = list(json.loads(sample["input"]["context"]))
     firsts = [p.split(" ", 1)[0] for p in people]
     unique = [p for p, f in zip(people, firsts, strict=True) if firsts.count(f) == 1] or people[:1]
-    chosen = rng.sample(unique, rng.randint(1, len(unique)))
+    chosen = rng.sample(unique, 1 if one else rng.randint(1, len(unique)))
     return [p.split(" ", 1)[0] for p in chosen], chosen
+
+
+def last_query(sample: Mapping[str, Any], rng: random.Random) -> tuple[list[str], list[str]]:
+    """A last row's query and answer: one person whose first name is unique in the list, drawn uniformly, asked for
+    by that first name and answered by the last name alone (one token in the demo tokenizer)."""
+    first, last = lookup_query(sample, rng, one=True)
+    return first, [last[0].split(" ", 1)[1]]
 
 
 def exclude_query(
@@ -118,13 +135,18 @@ def _whole(sample: Mapping[str, Any]) -> Mapping[str, Any]:
     return sample
 
 
+def _last_name_text(answer: Sequence[str]) -> str:
+    return " " + answer[0]  # " Fox": the list's own token for a last name (without the space it is spelled apart)
+
+
 # the training-only row kinds: the sample they are asked about (sample -> sample), their query (sample, rng) ->
-# (query list, answer list), and the word of their line
+# (query list, answer list), the word of their line, and the answer's text (answer list -> str)
 _AUX = {
-    LOOKUP: (_whole, lookup_query, "find"),
-    EXCLUDE: (_whole, exclude_query, "remove"),
-    MISSING: (_whole, missing_query, "remove"),
-    MISSING_FIRST: (first_names_only, missing_query, "remove"),
+    LOOKUP: (_whole, lookup_query, "find", list_to_str),
+    EXCLUDE: (_whole, exclude_query, "remove", list_to_str),
+    MISSING: (_whole, missing_query, "remove", list_to_str),
+    MISSING_FIRST: (first_names_only, missing_query, "remove", list_to_str),
+    LAST: (_whole, last_query, "last", _last_name_text),
 }
 
 
@@ -281,20 +303,21 @@ class RowStream:
         gap: str = "",
         task: str = LOOKUP,
     ) -> tuple[list[int], list[int]]:
-        """One training-only row of ``task`` (``_AUX``: find, exclude, missing, missing_first): bare like the
+        """One training-only row of ``task`` (``_AUX``: find, exclude, missing, missing_first, last): bare like the
         short rows, or ``full``: the official copy chat whose last user turn ends with the query line."""
-        prepare, make_query, word = _AUX[task]
+        prepare, make_query, word, answer_text_of = _AUX[task]
         sample = prepare(sample)
-        query, answer = make_query(sample, rng)
+        query, people = make_query(sample, rng)
+        answer = answer_text_of(people)
         line = f"{word} {list_to_str(query)}"
         if full:
             messages = build_messages(self.configs[_LOOKUP_SOURCE], sample)
             messages[-1] = {**messages[-1], "content": messages[-1]["content"] + line + "\n"}
-            return self.encode(messages, list_to_str(answer), gen_length)
+            return self.encode(messages, answer, gen_length)
         prompt = _with_gap(f"{line} {sample['input']['context']}", gap)
         if mix.aux_pad is not None and mix.aux_pad != mix.pad:
             mix = replace(mix, pad=mix.aux_pad)
-        return self.text_row(prompt, list_to_str(answer), gen_length, mix)
+        return self.text_row(prompt, answer, gen_length, mix)
 
     def short_row(
         self,
