@@ -271,7 +271,7 @@ def test_bench_fused_projections_compares_equal_outputs_and_ends_in_one_json_lin
     r = bench.compare(x, ws, repeats=1, calls=2)
     # the flag reports what the two ways give (not bitwise equal at every shape: BLAS blocks by output width)
     fused = torch.nn.functional.linear(x, torch.cat(ws)).split([8, 24], -1)
-    expected = all(torch.equal(torch.nn.functional.linear(x, w), f) for w, f in zip(ws, fused))
+    expected = all(torch.equal(torch.nn.functional.linear(x, w), f) for w, f in zip(ws, fused, strict=True))
     assert r["bitwise_equal"] is expected and r["calls"] == 2 and r["separate_us"] > 0 and r["fused_us"] > 0
     assert bench.compare(x, ws[:1], repeats=1, calls=1)["bitwise_equal"] is True  # one weight: the same call
     out = bench.main(["--sizes", "demo", "--rows", "2", "--repeats", "1", "--calls", "1", "--threads", "1"])

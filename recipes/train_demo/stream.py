@@ -35,10 +35,10 @@ that are functions of (run seed, step), so every batch is reproducible and a res
   same with exactly one person kept, the simplest form of the question (no counting of the survivors).
 * **last rows** (``aux/last``, training only, when a stage names ``last``): ``last ["Cy"] ["Ann Lee", "Bo Kim", "Cy
   Fox"]`` -> `` Fox``: one person, asked for by a first name that is unique in the list, answered by the last name
-  alone, as the list spells it after a first name (with its space: one token, the same token as in the list). The look-up of ``find`` reduced to one answer token (the form in which the comparison formed as
-  ``missing_first``): the queried person sits anywhere in the list, so the token can only come from finding the first
-  name and reading the token after it (seventeenth round: the random-output tasks' wrong answers are the right names
-  paired wrong).
+  alone, as the list spells it after a first name (with its space: one token, the same token as in the list). The
+  look-up of ``find`` reduced to one answer token (the form in which the comparison formed as ``missing_first``): the
+  queried person sits anywhere in the list, so the token can only come from finding the first name and reading the
+  token after it (seventeenth round: the random-output tasks' wrong answers are the right names paired wrong).
 
 Targets are drawn by ``random_answer`` afresh for every row: the random-output tasks (shuffle, insert / remove /
 replace at random, latin square) keep their real diversity (any valid answer), the others get their unique answer.
