@@ -82,9 +82,7 @@ STAGE_TASKS = TASKS + AUX_TASKS
 _LOOKUP_SOURCE = "waiting_line/copy"  # a find row's people are those of a generated copy sample
 
 
-def lookup_query(
-    sample: Mapping[str, Any], rng: random.Random, one: bool = False
-) -> tuple[list[str], list[str]]:
+def lookup_query(sample: Mapping[str, Any], rng: random.Random, one: bool = False) -> tuple[list[str], list[str]]:
     """A find row's query and answer: 1..n of the list's people (those whose first name is unique in it; exactly one
     with ``one``) in a random order, the query holding their first names only, the answer their full names. The order
     carries no position, so the only way to the last name is to find the first name in the list and read the token
