@@ -1324,3 +1324,28 @@ def test_exclusion_probe_refuses_a_missing_data_directory_before_loading(tmp_pat
     monkeypatch.setattr(models, "load_model", no_load)
     with pytest.raises(SystemExit, match="not found.*nope"):
         ex.main(["demo-llada", "--data", str(tmp_path / "nope")])
+
+
+def test_next_rows_begin_the_answer_with_the_first_name(mini_pb, tok):
+    st, tr, probe = _load("stream"), _load("train"), _load("probe")
+    eot = tok.convert_tokens_to_ids("<|eot_id|>")
+    labels = set()
+    for text, answer, resp, label in _aux_rows(st, mini_pb, tok, st.NEXT, step=7, batch=12):
+        at = text.index("last ") + 5
+        lists = list(re.finditer(r"\[[^\]]*\]", text))
+        (first,) = json.loads(next(m.group() for m in lists if m.start() == at))
+        people = json.loads([m.group() for m in lists if m.start() != at][-1])
+        (person,) = [p for p in people if p.split(" ")[0] == first]
+        # the prompt ends with the answer's start '["First'; the response is ' Last"]', so the whole answer reads as
+        # the one-person list, tokenised as the list spells it
+        assert text.endswith('["' + first), text
+        assert answer == " " + person.split(" ")[1] + '"]'
+        whole = tok('["' + person + '"]', add_special_tokens=False)["input_ids"]
+        assert whole[-2:] == resp[: resp.index(eot)]
+        assert len(resp) == 32 and ("<|start_header_id|>" in text) == label.startswith("full/")
+        labels.add(label)
+    assert labels == {"short/aux/next", "full/aux/next"}
+    assert tr.parse_stages("short[next+last]:3")[0].tasks == (st.NEXT, st.LAST)
+    stream = st.RowStream(mini_pb, tok, seed=0)
+    rows = probe.find_rows(stream, 3, seed=2, full=False, padded=False, task=st.NEXT)
+    assert all(len(a) == 3 and a[-1] == eot for _, a in rows)  # ' Last', '"]', eot: unpadded

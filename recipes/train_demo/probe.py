@@ -29,7 +29,8 @@ copy chat with the query line): teacher-forced parts and greedy exact match of e
 on N exclude rows (``stream.EXCLUDE``: the list without the people a ``remove`` line names, a comparison by content),
 ``--missing N`` on N missing rows (``stream.MISSING``: all but one person named, the answer that one), and
 ``--missing-first N`` on the same rows over first names only (``stream.MISSING_FIRST``: single-token items), and
-``--last N`` on N last rows (``stream.LAST``: one first name asked for, its last name the one answer token).
+``--last N`` on N last rows (``stream.LAST``: one first name asked for, its last name the one answer token), and
+``--next N`` on N next rows (``stream.NEXT``: the same with the answer begun by the first name).
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ from stream import (  # noqa: E402
     LOOKUP,
     MISSING,
     MISSING_FIRST,
+    NEXT,
     TASKS,
     Mix,
     RowStream,
@@ -210,6 +212,9 @@ def main(argv: list[str] | None = None) -> dict:
         "--missing-first", type=int, default=0, help="the same on missing_first rows (first names only, one token each)"
     )
     ap.add_argument("--last", type=int, default=0, help="the look-up on N last rows (one last name by its first name)")
+    ap.add_argument(
+        "--next", type=int, default=0, help="the same on N next rows (the answer begun: '[\"Cy' -> ' Fox\"]')"
+    )
     ap.add_argument("--len", default=None, help="people per short-row list, LO-HI (a stage's len); default the task's")
     args = ap.parse_args(argv)
     lengths = list_lengths(args.len, "--len") if args.len else None
@@ -251,6 +256,7 @@ def main(argv: list[str] | None = None) -> dict:
         ("missing", args.missing, MISSING),
         ("missing_first", args.missing_first, MISSING_FIRST),
         ("last", args.last, LAST),
+        ("next", args.next, NEXT),
     ):
         if not n:
             continue

@@ -39,6 +39,9 @@ that are functions of (run seed, step), so every batch is reproducible and a res
   look-up of ``find`` reduced to one answer token (the form in which the comparison formed as ``missing_first``): the
   queried person sits anywhere in the list, so the token can only come from finding the first name and reading the
   token after it (seventeenth round: the random-output tasks' wrong answers are the right names paired wrong).
+  ``aux/next`` (``next``): the same question with the answer begun: the prompt ends in ``["Cy`` and the answer is
+  `` Fox"]``, so the slot to fill sits right after its first name, as a last name does on the canvas of a shuffle
+  once its first name is written (the classic induction pattern: ... A B ... A -> B).
 
 Targets are drawn by ``random_answer`` afresh for every row: the random-output tasks (shuffle, insert / remove /
 replace at random, latin square) keep their real diversity (any valid answer), the others get their unique answer.
@@ -77,7 +80,8 @@ EXCLUDE = "aux/exclude"
 MISSING = "aux/missing"
 MISSING_FIRST = "aux/missing_first"
 LAST = "aux/last"
-AUX_TASKS = (LOOKUP, EXCLUDE, MISSING, MISSING_FIRST, LAST)
+NEXT = "aux/next"
+AUX_TASKS = (LOOKUP, EXCLUDE, MISSING, MISSING_FIRST, LAST, NEXT)
 STAGE_TASKS = TASKS + AUX_TASKS
 _LOOKUP_SOURCE = "waiting_line/copy"  # a find row's people are those of a generated copy sample
 
@@ -133,18 +137,28 @@ def _whole(sample: Mapping[str, Any]) -> Mapping[str, Any]:
     return sample
 
 
-def _last_name_text(answer: Sequence[str]) -> str:
-    return " " + answer[0]  # " Fox": the list's own token for a last name (without the space it is spelled apart)
+def _list_answer(query: Sequence[str], answer: Sequence[str]) -> tuple[str, str]:
+    return "", list_to_str(answer)
+
+
+def _last_name_answer(query: Sequence[str], answer: Sequence[str]) -> tuple[str, str]:
+    return "", " " + answer[0]  # " Fox": the list's own token for a last name (without the space it is spelled apart)
+
+
+def _next_name_answer(query: Sequence[str], answer: Sequence[str]) -> tuple[str, str]:
+    return '["' + query[0], " " + answer[0] + '"]'  # the answer begun with the first name: '["Cy' + ' Fox"]'
 
 
 # the training-only row kinds: the sample they are asked about (sample -> sample), their query (sample, rng) ->
-# (query list, answer list), the word of their line, and the answer's text (answer list -> str)
+# (query list, answer list), the word of their line, and (query, answer) -> (the answer's given start, the text to
+# fill in)
 _AUX = {
-    LOOKUP: (_whole, lookup_query, "find", list_to_str),
-    EXCLUDE: (_whole, exclude_query, "remove", list_to_str),
-    MISSING: (_whole, missing_query, "remove", list_to_str),
-    MISSING_FIRST: (first_names_only, missing_query, "remove", list_to_str),
-    LAST: (_whole, last_query, "last", _last_name_text),
+    LOOKUP: (_whole, lookup_query, "find", _list_answer),
+    EXCLUDE: (_whole, exclude_query, "remove", _list_answer),
+    MISSING: (_whole, missing_query, "remove", _list_answer),
+    MISSING_FIRST: (first_names_only, missing_query, "remove", _list_answer),
+    LAST: (_whole, last_query, "last", _last_name_answer),
+    NEXT: (_whole, last_query, "last", _next_name_answer),
 }
 
 
@@ -182,10 +196,12 @@ def chat_prompt_ids(tok: Any, messages: list[dict]) -> list[int]:
     return list(tok(text, add_special_tokens=False)["input_ids"])
 
 
-def encode_row(tok: Any, messages: list[dict], target: str, gen_length: int) -> tuple[list[int], list[int]]:
+def encode_row(
+    tok: Any, messages: list[dict], target: str, gen_length: int, lead: str = ""
+) -> tuple[list[int], list[int]]:
     """(prompt ids as dlm_decode.generate builds them, response = answer, ``<|eot_id|>``, then EOS up to
-    exactly ``gen_length``)."""
-    prompt = chat_prompt_ids(tok, messages)
+    exactly ``gen_length``); ``lead``: the answer's given start, appended to the prompt ids."""
+    prompt = chat_prompt_ids(tok, messages) + (list(tok(lead, add_special_tokens=False)["input_ids"]) if lead else [])
     resp = list(tok(target, add_special_tokens=False)["input_ids"]) + [tok.convert_tokens_to_ids("<|eot_id|>")]
     if len(resp) > gen_length:
         raise ValueError(f"answer of {len(resp) - 1} tokens does not fit in gen_length {gen_length}: {target!r}")
@@ -231,8 +247,8 @@ class RowStream:
         self.exclude = {t: set(exclude.get(t, ())) for t in TASKS} if exclude else {t: set() for t in TASKS}
         self.filler_words = {t: template_words(c) for t, c in self.configs.items()}
 
-    def encode(self, messages: list[dict], target: str, gen_length: int) -> tuple[list[int], list[int]]:
-        return encode_row(self.tok, messages, target, gen_length)
+    def encode(self, messages: list[dict], target: str, gen_length: int, lead: str = "") -> tuple[list[int], list[int]]:
+        return encode_row(self.tok, messages, target, gen_length, lead)
 
     def samples(self, task: str, n: int, seed: int, lengths: tuple[int, int] | None = None) -> list[dict]:
         """``n`` generated samples of ``task``; ``lengths`` (lo, hi) overrides a waiting-line task's list lengths (its
@@ -306,16 +322,16 @@ class RowStream:
         prepare, make_query, word, answer_text_of = _AUX[task]
         sample = prepare(sample)
         query, people = make_query(sample, rng)
-        answer = answer_text_of(people)
+        lead, answer = answer_text_of(query, people)
         line = f"{word} {list_to_str(query)}"
         if full:
             messages = build_messages(self.configs[_LOOKUP_SOURCE], sample)
             messages[-1] = {**messages[-1], "content": messages[-1]["content"] + line + "\n"}
-            return self.encode(messages, answer, gen_length)
+            return self.encode(messages, answer, gen_length, lead)
         prompt = _with_gap(f"{line} {sample['input']['context']}", gap)
         if mix.aux_pad is not None and mix.aux_pad != mix.pad:
             mix = replace(mix, pad=mix.aux_pad)
-        return self.text_row(prompt, answer, gen_length, mix)
+        return self.text_row(prompt, answer, gen_length, mix, lead=lead)
 
     def short_row(
         self,
@@ -335,16 +351,24 @@ class RowStream:
         return self.text_row(_with_gap(short_prompt(task, sample), gap), target, gen_length, mix, turns)
 
     def text_row(
-        self, prompt: str, target: str, gen_length: int, mix: Mix, turns: Sequence[tuple[str, str]] = ()
+        self,
+        prompt: str,
+        target: str,
+        gen_length: int,
+        mix: Mix,
+        turns: Sequence[tuple[str, str]] = (),
+        lead: str = "",
     ) -> tuple[list[int], list[int]]:
         """A short-format row from its text: the (prompt, answer) ``turns`` first, then ``prompt`` answered by
-        ``target``; bare text (``bos``, each turn ending in ``<|eot_id|>``, EOS padding when ``mix.pad``) or a chat."""
+        ``target``; bare text (``bos``, each turn ending in ``<|eot_id|>``, EOS padding when ``mix.pad``) or a chat.
+        ``lead``: the answer's given start, the last prompt ids (the response is ``target`` alone)."""
         if mix.bare:
             eot = self.tok.convert_tokens_to_ids("<|eot_id|>")
             ids = [self.tok.bos_token_id]
             for p, a in turns:
                 ids += [*self.tok(p + "\n" + a, add_special_tokens=False)["input_ids"], eot]
             ids += self.tok(prompt + "\n", add_special_tokens=False)["input_ids"]
+            ids += self.tok(lead, add_special_tokens=False)["input_ids"] if lead else []
             resp = [*self.tok(target, add_special_tokens=False)["input_ids"], eot]
             if mix.pad:
                 resp = resp + [self.tok.eos_token_id] * max(gen_length - len(resp), 0)
@@ -353,7 +377,7 @@ class RowStream:
         for p, a in turns:
             chat += [{"role": "user", "content": p}, {"role": "assistant", "content": a}]
         chat.append({"role": "user", "content": prompt})
-        return self.encode(chat, target, gen_length)
+        return self.encode(chat, target, gen_length, lead)
 
 
 # people per list a length option may ask for: a list needs two people to be reordered, and the official lists stop
