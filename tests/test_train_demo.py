@@ -1349,3 +1349,22 @@ def test_next_rows_begin_the_answer_with_the_first_name(mini_pb, tok):
     stream = st.RowStream(mini_pb, tok, seed=0)
     rows = probe.find_rows(stream, 3, seed=2, full=False, padded=False, task=st.NEXT)
     assert all(len(a) == 3 and a[-1] == eot for _, a in rows)  # ' Last', '"]', eot: unpadded
+
+
+def test_lookup_probe_tells_the_look_up_from_the_position_route(mini_pb, capsys):
+    lp = _load("lookup_probe")
+    people = ["Ann Lee", "Bo Kim", "Cy Fox", "Di Ray"]
+    assert lp.classify(people, 2, "Fox") == "right"
+    assert lp.classify(people, 2, "Lee") == "first_entry"  # the position route: the first entry's last name
+    assert lp.classify(people, 0, "Lee") == "right"  # the first entry asked for: right, whatever the route
+    assert lp.classify(people, 2, "Kim") == "offset-1" and lp.classify(people, 1, "Ray") == "offset+2"
+    assert lp.classify(people, 1, "Nobody") == "not_in_list"
+    labels = [(0, "right"), (2, "right"), (2, "first_entry"), (3, "offset-1"), (1, "not_in_list")]
+    got = lp.summarise(labels)
+    assert got["right"] == 0.4 and got["n_not_first"] == 4 and got["right_not_first"] == 0.25
+    assert got["first_entry_not_first"] == 0.25 and got["not_in_list"] == 0.2 and got["offsets"] == {"offset-1": 1}
+    out = lp.main(["demo-llada", "--n", "6", "--data", str(mini_pb), "--kind", "last"])
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == out
+    assert out["n"] == 6 and 0 <= out["right"] <= 1 and out["kind"] == "last"
+    with pytest.raises(SystemExit):
+        lp.main(["demo-llada", "--data", str(mini_pb / "nope")])  # refused before the model loads
