@@ -1366,5 +1366,10 @@ def test_lookup_probe_tells_the_look_up_from_the_position_route(mini_pb, capsys)
     out = lp.main(["demo-llada", "--n", "6", "--data", str(mini_pb), "--kind", "last"])
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == out
     assert out["n"] == 6 and 0 <= out["right"] <= 1 and out["kind"] == "last"
+    short = lp.main(["demo-llada", "--n", "4", "--data", str(mini_pb), "--len", "2-2"])
+    # two people per list: a wrong person is the other one, so the only offset possible is +1 (asked for the first)
+    assert short["len"] == [2, 2] and set(short["offsets"]) <= {"offset+1"}
+    with pytest.raises(SystemExit):
+        lp.main(["demo-llada", "--data", str(mini_pb), "--len", "1-9"])
     with pytest.raises(SystemExit):
         lp.main(["demo-llada", "--data", str(mini_pb / "nope")])  # refused before the model loads

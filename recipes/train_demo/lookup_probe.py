@@ -1,6 +1,6 @@
 """Does a demo checkpoint look a last name up by its first name, or read it off a position? One JSON line out.
 
-    python recipes/train_demo/lookup_probe.py RUN/export [--kind next] [--n 200] [--seed 12345]
+    python recipes/train_demo/lookup_probe.py RUN/export [--kind next] [--n 200] [--seed 12345] [--len 2-3]
 
 On ``--n`` fresh ``last`` or ``next`` rows (``stream.LAST`` / ``stream.NEXT``: one person asked for by a first name
 that is unique in the list; bare, unpadded, drawn from held-out copy samples) the answer's last-name slot is masked
@@ -33,7 +33,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from stream import LAST, NEXT, Mix, RowStream  # noqa: E402
+from stream import LAST, NEXT, Mix, RowStream, list_lengths  # noqa: E402
 
 KINDS = {"last": LAST, "next": NEXT}
 
@@ -67,11 +67,13 @@ def summarise(labels: Sequence[tuple[int, str]]) -> dict[str, Any]:
     }
 
 
-def probe(model: Any, tok: Any, stream: RowStream, kind: str, n: int, seed: int) -> dict[str, Any]:
+def probe(
+    model: Any, tok: Any, stream: RowStream, kind: str, n: int, seed: int, lengths: tuple[int, int] | None = None
+) -> dict[str, Any]:
     mix = Mix(1, 1.0, bare=True, pad=False)
     rng = random.Random(seed)
     labels = []
-    for sample in stream.samples("waiting_line/copy", n, seed):
+    for sample in stream.samples("waiting_line/copy", n, seed, lengths):
         prompt, resp = stream.lookup_row(sample, 32, mix, False, rng, task=KINDS[kind])
         ids = torch.tensor([[*prompt, model.mask_token_id, *resp[1:]]])  # the last-name slot masked alone
         with torch.no_grad():
@@ -90,12 +92,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--n", type=int, default=200, help="rows")
     ap.add_argument("--seed", type=int, default=12345)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--len", default=None, help="people per list, LO-HI (a stage's len); default the copy task's")
     ap.add_argument(
         "--data", default=None, help="ParallelBench data directory (default: $DLM_PARALLELBENCH_DATA or ../shared/...)"
     )
     args = ap.parse_args(argv)
     if args.n < 1:
         ap.error(f"--n must be >= 1, got {args.n}")
+    lengths = list_lengths(args.len, "--len") if args.len else None
     import dlm_decode
     from dlm_decode.parallelbench.runner import require_data_dir
 
@@ -106,8 +110,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     torch.set_num_threads(args.threads)
     model, tok = dlm_decode.load_model(args.model)
     model.eval()
-    result = {"model": str(args.model), "kind": args.kind, **probe(model, tok, RowStream(data, tok, seed=0), args.kind,
-                                                                    args.n, args.seed)}  # fmt: skip
+    stream = RowStream(data, tok, seed=0)
+    result = {
+        "model": str(args.model),
+        "kind": args.kind,
+        **probe(model, tok, stream, args.kind, args.n, args.seed, lengths),
+    }
+    if lengths:
+        result["len"] = list(lengths)
     training = Path(args.model) / "training.json"
     if training.is_file():
         result["step"] = json.loads(training.read_text())["step"]
