@@ -30,7 +30,9 @@ on N exclude rows (``stream.EXCLUDE``: the list without the people a ``remove`` 
 ``--missing N`` on N missing rows (``stream.MISSING``: all but one person named, the answer that one), and
 ``--missing-first N`` on the same rows over first names only (``stream.MISSING_FIRST``: single-token items), and
 ``--last N`` on N last rows (``stream.LAST``: one first name asked for, its last name the one answer token), and
-``--next N`` on N next rows (``stream.NEXT``: the same with the answer begun by the first name).
+``--next N`` on N next rows (``stream.NEXT``: the same with the answer begun by the first name). These teacher-forced
+look-up numbers also count answers the position route gets right (the asked-for person is the list's first entry);
+``lookup_probe.py`` separates the two.
 """
 
 from __future__ import annotations
