@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import re
 import sys
 from collections import Counter
@@ -33,7 +32,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from stream import LAST, NEXT, Mix, RowStream, list_lengths  # noqa: E402
+from probe import aux_rows_and_samples  # noqa: E402
+from stream import LAST, NEXT, RowStream, list_lengths  # noqa: E402
 
 KINDS = {"last": LAST, "next": NEXT}
 
@@ -70,11 +70,9 @@ def summarise(labels: Sequence[tuple[int, str]]) -> dict[str, Any]:
 def probe(
     model: Any, tok: Any, stream: RowStream, kind: str, n: int, seed: int, lengths: tuple[int, int] | None = None
 ) -> dict[str, Any]:
-    mix = Mix(1, 1.0, bare=True, pad=False)
-    rng = random.Random(seed)
     labels = []
-    for sample in stream.samples("waiting_line/copy", n, seed, lengths):
-        prompt, resp = stream.lookup_row(sample, 32, mix, False, rng, task=KINDS[kind])
+    rows, samples = aux_rows_and_samples(stream, n, seed, False, False, KINDS[kind], lengths)
+    for (prompt, resp), sample in zip(rows, samples, strict=True):
         ids = torch.tensor([[*prompt, model.mask_token_id, *resp[1:]]])  # the last-name slot masked alone
         with torch.no_grad():
             top = int(model(ids).logits[0, len(prompt)].argmax())

@@ -187,13 +187,26 @@ def probe_rows_and_samples(
 def find_rows(
     stream: RowStream, n: int, seed: int, full: bool, padded: bool, task: str = LOOKUP
 ) -> list[tuple[list[int], list[int]]]:
-    """``n`` fresh rows of a training-only ``task`` (find, exclude, missing, last; ``RowStream.lookup_row``), short or
+    """``n`` fresh rows of a training-only ``task`` (``stream.AUX_TASKS``; ``RowStream.lookup_row``), short or
     ``full``, drawn from held-out copy samples."""
+    return aux_rows_and_samples(stream, n, seed, full, padded, task)[0]
+
+
+def aux_rows_and_samples(
+    stream: RowStream,
+    n: int,
+    seed: int,
+    full: bool,
+    padded: bool,
+    task: str = LOOKUP,
+    lengths: tuple[int, int] | None = None,
+) -> tuple[list[tuple[list[int], list[int]]], list[dict]]:
+    """``find_rows`` and the copy samples behind them; ``lengths`` (lo, hi) sets the people per list."""
     mix = Mix(n, 1.0, bare=True, pad=padded)
     rng = random.Random(seed)
     gen_length = max_new_tokens("waiting_line/copy")
-    samples = stream.samples("waiting_line/copy", n, seed)
-    return [stream.lookup_row(s, gen_length, mix, full, rng, task=task) for s in samples]
+    samples = stream.samples("waiting_line/copy", n, seed, lengths)
+    return [stream.lookup_row(s, gen_length, mix, full, rng, task=task) for s in samples], samples
 
 
 def main(argv: list[str] | None = None) -> dict:
