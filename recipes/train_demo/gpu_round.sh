@@ -79,6 +79,35 @@ for run in "$@"; do
     launch "$run" --arch "$arch" --init "$init" --short-format bare --short-batch 64 --full-batch 64 --lr 1e-3 \
       --stages "short[missing_first]:1500,short[find+missing_first+missing]:2500,$aux:20000" --stage-warmup 50 \
       --task-weights "$weights,find=2" --row-workers 2 ;;
+  # fourth round (eighteenth CPU round's findings at GPU scale): the look-up of a last name forms on lists of 2-3
+  # people and then carries to 2-6; the comparison forms on unpadded missing_first rows; official rows come back
+  # slowly after short-only steps. l1: look-up first, l2: comparison first, l3: official rows kept in every step,
+  # l4: l1's curriculum on Dream, l5: on demo-llada grown to 5.8M parameters. The last stage runs until --time-limit
+  # (continue, anneal, on the CPU).
+  l1-llada | l2-llada | l3-llada | l4-dream | l5-grown)
+    arch=llada init=dlm_decode/demo_models/demo-llada
+    [[ $run == l4-dream ]] && arch=dream init=dlm_decode/demo_models/demo-dream
+    [[ $run == l5-grown ]] && init=$(grown)
+    w3=copy=1,reverse=2,sort=2,shuffle=2,insert_index=3,remove_index=2,replace_index=2.5,insert_random=2
+    w3=$w3,remove_random=1,replace_random=2
+    last="full[$ten+missing_first+missing+next]{share=0.5,pad=1,auxpad=0,icl=0.5,gap=48,auxchat=0,lr=4e-4}:100000"
+    tasks="short[$ten+next+missing_first]{pad=1,auxpad=0}:800"
+    lookup="short[next]{pad=0,len=2-3}:1400,short[next+missing_first]{pad=0,len=2-6}:1600"
+    compare="short[missing_first]{pad=0}:500,short[next+missing_first]{pad=0,len=2-3}:1400"
+    compare="$compare,short[next+missing_first]{pad=0,len=2-6}:1400"
+    weights4=$w3,next=4,missing_first=3,missing=1
+    case $run in
+    l1-llada | l4-dream | l5-grown) stages="$lookup,$tasks,$last" ;;
+    l2-llada) stages="$compare,$tasks,$last" ;;
+    l3-llada)
+      weights4=$w3,next=24,missing_first=8,missing=2
+      stages="full[$ten+next+missing_first]{share=0.85,pad=1,auxpad=0,icl=0,gap=0,auxchat=0,len=2-3,lr=7e-4}:1600"
+      stages="$stages,full[$ten+next+missing_first+missing]{share=0.75,pad=1,auxpad=0,icl=0,gap=24,auxchat=0,lr=7e-4}:1600"
+      stages="$stages,$last"
+      ;;
+    esac
+    launch "$run" --arch "$arch" --init "$init" --short-format bare --short-batch 128 --full-batch 128 --lr 1e-3 \
+      --stages "$stages" --stage-warmup 50 --task-weights "$weights4" --row-workers 2 ;;
   *) echo "unknown run $run" >&2; exit 2 ;;
   esac
 done
@@ -88,6 +117,10 @@ for run in "$@"; do
   tail -1 "$runs/$run/log.jsonl" 2>/dev/null
 done
 if [[ -n ${OUT:-} ]]; then
-  tar czf - --exclude=checkpoints --exclude='*.out' -C "$runs" "$@" | split -b 15M - "$OUT/runs.tgz.part-"
+  # stage-end exports stay behind (the lease returns 64 MB) except those named in $KEEP ("run/export-stepN ...")
+  # (copied to RUN/kept-stepN, a name the exclusion leaves in)
+  for k in ${KEEP:-}; do [[ -d $runs/$k ]] && cp -r "$runs/$k" "$runs/${k%/*}/kept-${k##*/export-}"; done
+  tar czf - --exclude=checkpoints --exclude='*.out' --exclude='export-step*' -C "$runs" "$@" |
+    split -b 15M - "$OUT/runs.tgz.part-"
   ls -la "$OUT"
 fi
