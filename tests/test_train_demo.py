@@ -677,6 +677,22 @@ def test_plot_curves_draws_training_evals(tmp_path):
         plot.main([str(tmp_path / "quiet"), "--evals", "--out", str(tmp_path / "f.png")])
 
 
+def test_plot_curves_draws_the_loss_and_finds_the_stage_changes(tmp_path):
+    pytest.importorskip("matplotlib")
+    plot = _load("plot_curves")
+    recs = [{"step": s, "stage": 0 if s < 3 else (1 if s < 6 else 2), "ema": 1.0 / s} for s in range(1, 9)]
+    assert plot.stage_starts(recs) == [3, 6]
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "log.jsonl").write_text("\n".join(json.dumps(r) for r in recs) + "\n")
+    plot.main([str(run), "--loss", "--out", str(tmp_path / "l.png")])
+    assert (tmp_path / "l.png").stat().st_size > 1000
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "log.jsonl").write_text(json.dumps({"step": 1, "eval": {}}) + "\n")
+    with pytest.raises(SystemExit, match="no loss records"):
+        plot.main([str(tmp_path / "empty"), "--loss", "--out", str(tmp_path / "m.png")])
+
+
 def test_ship_reads_the_runner_json_and_evaluate_lines(tmp_path):
     ship = _load("ship")
     runner = {
@@ -1047,7 +1063,10 @@ def test_ship_card_names_the_origin_and_the_unmet_targets():
     scores = {"scores": {"waiting_line/copy": 99.0, "waiting_line/sort": 4.0}, "strict": {"waiting_line/copy": 99.0,
               "waiting_line/sort": 4.0}, "mean": 51.5}  # fmt: skip
     text = ship.card("demo-dream", training, scores, "cmd", "", origin="warm-started from demo-llada and trained")
-    assert "`model_type` `Dream`" in text and "warm-started from demo-llada and trained on CPU" in text
+    assert "`model_type` `Dream`" in text and "warm-started from demo-llada and trained by `recipes" in text
+    assert "80 min of training on a shared 2-core CPU" in text
+    gpu = ship.card("demo-dream", {**training, "train_seconds": 78.4}, scores, "cmd", "", hardware="one H100")
+    assert "78 s of training on one H100" in gpu
     assert (
         "| waiting_line/copy | 99.0 | 99.0 | 95 (met) |" in text
         and "| waiting_line/sort | 4.0 | 4.0 | 90 (**not" in text

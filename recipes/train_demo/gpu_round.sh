@@ -108,6 +108,23 @@ for run in "$@"; do
     esac
     launch "$run" --arch "$arch" --init "$init" --short-format bare --short-batch 128 --full-batch 128 --lr 1e-3 \
       --stages "$stages" --stage-warmup 50 --task-weights "$weights4" --row-workers 2 ;;
+  # l1 and l4 continued (the lease's last minutes): their last stage for 2,000 more steps from their exports (fresh
+  # optimizer), the rate decayed over the last 800; then once more from those (c2, c5). The exports they start from
+  # must be at runs/<run>/export (carried to the lease). demo-llada is c2's export, demo-dream c5's.
+  c1-llada | c2-llada | c4-dream | c5-dream)
+    arch=llada
+    [[ $run == c*-dream ]] && arch=dream
+    case $run in
+    c1-llada) init=runs/l1-llada/export ;;
+    c2-llada) init=runs/c1-llada/export ;;
+    c4-dream) init=runs/l4-dream/export ;;
+    c5-dream) init=runs/c4-dream/export ;;
+    esac
+    w3=copy=1,reverse=2,sort=2,shuffle=2,insert_index=3,remove_index=2,replace_index=2.5,insert_random=2
+    launch "$run" --arch "$arch" --init "$init" --short-format bare --short-batch 128 --full-batch 128 --lr 4e-4 \
+      --stages "full[$ten+missing_first+missing+next]{share=0.5,pad=1,auxpad=0,icl=0.5,gap=48,auxchat=0}:2000" \
+      --warmup 50 --decay-steps 800 --task-weights "$w3,remove_random=1,replace_random=2,next=4,missing_first=3,missing=1" \
+      --row-workers 3 ;;
   *) echo "unknown run $run" >&2; exit 2 ;;
   esac
 done

@@ -11,6 +11,11 @@ Reads ``RUN_DIR/probe.jsonl``; a half-written last line is skipped.
 
 ``--evals`` draws the held-out scores that ``train.py --eval-every`` writes into ``RUN_DIR/log.jsonl`` instead: one
 panel per run, one line per task, the mean in black.
+
+    python recipes/train_demo/plot_curves.py RUN_DIR [RUN_DIR ...] --loss --out loss.png
+
+``--loss`` draws every run's training-loss EMA from ``RUN_DIR/log.jsonl`` in one panel (log scale), a dotted line
+where a run's stage changes (a new stage's rows raise the loss for a while: that jump is not a regression).
 """
 
 from __future__ import annotations
@@ -76,12 +81,45 @@ def plot_evals(runs: list[Path], out: str) -> None:
     print(out)
 
 
+def stage_starts(records: list[dict]) -> list[int]:
+    """The steps at which a run's ``stage`` field changes (the first step of each later stage)."""
+    return [b["step"] for a, b in zip(records, records[1:], strict=False) if b.get("stage") != a.get("stage")]
+
+
+def plot_loss(runs: list[Path], out: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(10, 5))
+    for run in runs:
+        records = [r for r in _records(run / "log.jsonl", "no training log") if "ema" in r]
+        if not records:
+            raise SystemExit(f"{run / 'log.jsonl'}: no loss records")
+        (line,) = ax.plot([r["step"] for r in records], [r["ema"] for r in records], label=run.name, linewidth=1.2)
+        for step in stage_starts(records):
+            ax.axvline(step, color=line.get_color(), linestyle=":", alpha=0.6)
+    ax.set_yscale("log")
+    ax.set_xlabel("training step")
+    ax.set_ylabel("training loss (EMA)")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    print(out)
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("runs", nargs="+", type=Path)
     ap.add_argument("--out", required=True)
     ap.add_argument("--evals", action="store_true", help="draw log.jsonl's held-out scores instead of probe logs")
+    ap.add_argument("--loss", action="store_true", help="draw log.jsonl's loss EMA, stage changes marked")
     args = ap.parse_args(argv)
+    if args.loss:
+        plot_loss(args.runs, args.out)
+        return
     if args.evals:
         plot_evals(args.runs, args.out)
         return

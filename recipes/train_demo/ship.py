@@ -49,17 +49,19 @@ def card(
     note: str,
     eval_command: str | None = None,
     origin: str = "trained from scratch",
+    hardware: str = "a shared 2-core CPU (1 thread, evaluation excluded)",
 ) -> str:
     size, arch = model_size(training), training["arch"]
     a = training["args"]
-    minutes = training["train_seconds"] / 60
+    secs = training["train_seconds"]
+    wall = f"{secs / 60:.0f} min" if secs >= 600 else f"{secs:.0f} s"
     stride = f" --stride {scores['stride']}" if scores and scores.get("stride", 1) > 1 else ""
     lines = [
         f"# {name}",
         "",
         f"A tiny masked-diffusion LM in the official {'LLaDA' if arch == 'llada' else 'Dream'} checkpoint format "
         f"(`model_type` `{'llada' if arch == 'llada' else 'Dream'}`, official parameter names), {origin} "
-        "on CPU by `recipes/train_demo` so that dlm_decode's samplers, caches and the ParallelBench runner have a "
+        "by `recipes/train_demo` so that dlm_decode's samplers, caches and the ParallelBench runner have a "
         "real model to work on without downloads. It only knows the ParallelBench waiting-line and puzzle tasks.",
         "",
         "```python",
@@ -91,7 +93,7 @@ def card(
         "`{share=...}` overrides it); task weights "
         f"`{a['task_weights']}`; AdamW lr {a['lr']:g} (warm-up {a['warmup']}, constant, linear decay at the end), "
         f"weight decay {a['weight_decay']:g}, seed {a['seed']}",
-        f"- wall time: {minutes:.0f} min of training on a shared 2-core CPU (1 thread, evaluation excluded)",
+        f"- wall time: {wall} of training on {hardware}",
         f"- command: `{command}`",
         "",
         "## ParallelBench scores (official test files)",
@@ -148,6 +150,11 @@ def main() -> None:
         default="trained from scratch",
         help="how the weights began, in the card's first sentence (e.g. a warm start from another demo model)",
     )
+    ap.add_argument(
+        "--hardware",
+        default="a shared 2-core CPU (1 thread, evaluation excluded)",
+        help="where the last run trained, in the card's wall-time line",
+    )
     args = ap.parse_args()
 
     export = Path(args.run) / "export"
@@ -166,7 +173,7 @@ def main() -> None:
             shutil.copy2(export / f, tmp / f)
     fold_chat_template(tmp)
     (tmp / "README.md").write_text(
-        card(args.name, training, scores, args.command, args.note, args.eval_command, args.origin)
+        card(args.name, training, scores, args.command, args.note, args.eval_command, args.origin, args.hardware)
     )
     if scores is not None:  # the measured scores, machine-readable (tests check the claims against the model)
         (tmp / "scores.json").write_text(json.dumps(scores, indent=1) + "\n")
