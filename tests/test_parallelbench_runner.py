@@ -327,17 +327,24 @@ def test_bench_speed_interleaves_the_timed_passes(tok_dir, capsys, monkeypatch):
 
 # The shipped demo models decode official samples one token per step and solve them (decoded here, not read from
 # scores.json; fp32 at T=0 is deterministic, so a weight, tokenizer or decode-loop change that breaks reading the
-# prompt shows as a drop). demo-llada (runs v6 -> v13 -> v15): reverse and copy of six people (official samples
-# 75-82: entries 48+ tokens back, which the step-10,300 model got wrong in every sample), insert at an index (that
-# model: 0 of 100), remove at an index and copy of three. demo-dream (demo-llada converted by convert.py, then 1,300
-# Dream steps; the earlier demo-dream solved none): the same cases, a little below its 8 of 8 / 7 of 8 in the
-# official run (batch 50 there, 8 here).
+# prompt shows as a drop). demo-llada (GPU round four, mean 77.5): reverse and copy of six people (official samples
+# 75-82: entries 48+ tokens back), the three index tasks, and the random-output tasks, which need the look-up of a
+# last name by its first name and the comparison with the people already written (every earlier demo model: 0 on
+# insert_random and replace_random); sort of three people. Where 8 of 8 were solved at batch 8 on the random-output
+# tasks and sort the bar is 7, so a near-tie that rounds the other way on another CPU does not fail the test.
+# demo-dream (demo-llada converted by convert.py, then Dream steps): the same deterministic cases.
 DEMO_SOLVES = {  # (model, case "task" or "task#label") -> (first official sample, how many of the eight must be solved)
     ("demo-llada", "waiting_line/reverse"): (75, 8),
     ("demo-llada", "waiting_line/copy"): (75, 8),
     ("demo-llada", "waiting_line/copy#three"): (0, 8),
     ("demo-llada", "waiting_line/insert_index"): (0, 8),
     ("demo-llada", "waiting_line/remove_index"): (0, 8),
+    ("demo-llada", "waiting_line/replace_index"): (75, 8),
+    ("demo-llada", "waiting_line/shuffle"): (0, 7),
+    ("demo-llada", "waiting_line/insert_random"): (75, 7),
+    ("demo-llada", "waiting_line/replace_random"): (75, 7),
+    ("demo-llada", "waiting_line/remove_random"): (0, 7),
+    ("demo-llada", "waiting_line/sort"): (0, 7),
     ("demo-dream", "waiting_line/reverse"): (75, 6),
     ("demo-dream", "waiting_line/copy"): (75, 6),
     ("demo-dream", "waiting_line/copy#three"): (0, 7),
@@ -357,6 +364,11 @@ def test_shipped_demo_models_solve_official_samples(name, case):
     solved = [o for o in res.outputs if o["score"] == 1.0]
     assert res.n == 8 and res.nfe == 32
     assert len(solved) >= solved_at_least, [o["text"] for o in res.outputs]
-    for o, sample in zip(res.outputs, t.samples, strict=True):  # a solved answer is the sample's own list
-        if o["score"] == 1.0:
+    for o, sample in zip(res.outputs, t.samples, strict=True):
+        if o["score"] != 1.0:
+            continue
+        if isinstance(sample["answer"], str):  # deterministic task: a solved answer is the sample's own list
             assert o["text"].startswith(sample["answer"]), (o["text"], sample["answer"])
+        elif task.endswith("shuffle"):  # a solved shuffle holds exactly the input's people (checked here directly)
+            written = json.loads(o["text"][: o["text"].index("]") + 1])
+            assert sorted(written) == sorted(sample["answer"]["input"]), (o["text"], sample["answer"])
