@@ -167,9 +167,10 @@ def collect(
     policy: str | None = None,
     policy_eotp: bool = False,
     policy_until_wrong: bool = False,
+    progress: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor, dict]:
     """Oracle records for every prompt (``policy`` given: records along that filter's trajectories instead); rows
-    are grouped by generation length (rounded up to whole blocks)."""
+    are grouped by generation length (rounded up to whole blocks). ``progress``: a tqdm bar over the prompts."""
     groups: dict[int, list] = defaultdict(list)
     for p, n in prompts:
         n = n or gen_length
@@ -179,6 +180,9 @@ def collect(
     stats = {"prompts": 0, "reference_nfe": 0, second: 0, "tokens": 0}
     if policy is not None:
         stats["policy_same_as_reference"] = 0
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=sum(len(v) for v in groups.values()), unit="prompt", desc="records", disable=not progress)
     for gen, items in sorted(groups.items()):
         for i in range(0, len(items), batch_size):
             batch = items[i : i + batch_size]
@@ -196,6 +200,8 @@ def collect(
             stats["reference_nfe"] += sum(r.nfe for r in ref.rows)
             stats[second] += sum(r.nfe for r in orc.rows)
             stats["tokens"] += gen * len(batch)
+            bar.update(len(batch))
+    bar.close()
     conf = torch.cat(confs) if confs else torch.zeros(0, block_length)
     label = torch.cat(labels) if labels else torch.zeros(0, block_length)
     stats["records"] = conf.shape[0]
