@@ -379,3 +379,23 @@ def test_shipped_demo_models_solve_official_samples(name, case):
         elif task.endswith("shuffle"):  # a solved shuffle holds exactly the input's people (checked here directly)
             written = json.loads(o["text"][: o["text"].index("]") + 1])
             assert sorted(written) == sorted(sample["answer"]["input"]), (o["text"], sample["answer"])
+
+
+GRIDS_DIR = Path(__file__).parents[1] / "benchmarks" / "grids"
+
+
+@pytest.mark.parametrize("grid", sorted(p.name for p in GRIDS_DIR.glob("*.json")))
+def test_shipped_grids_expand_to_runnable_configs_and_their_filters_exist(grid, monkeypatch):
+    from dlm_decode.parallelbench.sweep import check_config, load_grid
+
+    root = Path(__file__).parents[1]
+    monkeypatch.chdir(root)  # the grids name filters relative to the repository root, as the documented commands run
+    configs = expand_grid(load_grid(str(GRIDS_DIR / grid)))
+    assert len(configs) >= 2
+    filters = [c["sampler_options"]["filter"] for c in configs if "filter" in (c["sampler_options"] or {})]
+    for cfg in configs:
+        check_config(cfg)
+    for f in filters:  # each names a shipped Learn2PD filter, with its json beside it
+        assert (root / f).is_file() and (root / f).with_suffix(".json").is_file(), f
+    if grid == "quality_parallelism_dream.json":  # the Dream grid decodes with demo-dream's own filter
+        assert filters and all("demo-dream" in f for f in filters)
