@@ -22,6 +22,10 @@ weights=copy=0.5,reverse=0.5,sort=2,shuffle=2,insert_index=1.5,remove_index=0.5,
 weights=$weights,insert_random=2,remove_random=0.5,replace_random=2,latin_square_n4=1.5,sudoku_n4_12=1.5,missing=2
 full="full[$all]{share=0.5,pad=1,icl=0.5,gap=48}"
 full10="full[$ten+missing]{share=0.5,pad=1,icl=0.5,gap=48}"
+# the fourth round (l*, c*): h3's task weights plus the look-up and comparison rows, and its official stage
+weights4=copy=1,reverse=2,sort=2,shuffle=2,insert_index=3,remove_index=2,replace_index=2.5,insert_random=2
+weights4=$weights4,remove_random=1,replace_random=2,next=4,missing_first=3,missing=1
+official4="full[$ten+missing_first+missing+next]{share=0.5,pad=1,auxpad=0,icl=0.5,gap=48,auxchat=0,lr=4e-4}"
 common=(--parallelbench "$pb" --tokenizer "$tok" --task-weights "$weights" --warmup 100 --decay-steps 2000
   --eval-every "${EVAL_EVERY:-0}" --save-every 1000 --export-every 2000 --threads 1 --time-limit "$secs" --resume)
 
@@ -88,26 +92,24 @@ for run in "$@"; do
     arch=llada init=dlm_decode/demo_models/demo-llada
     [[ $run == l4-dream ]] && arch=dream init=dlm_decode/demo_models/demo-dream
     [[ $run == l5-grown ]] && init=$(grown)
-    w3=copy=1,reverse=2,sort=2,shuffle=2,insert_index=3,remove_index=2,replace_index=2.5,insert_random=2
-    w3=$w3,remove_random=1,replace_random=2
-    last="full[$ten+missing_first+missing+next]{share=0.5,pad=1,auxpad=0,icl=0.5,gap=48,auxchat=0,lr=4e-4}:100000"
+    last="$official4:100000"
+    w=$weights4
     tasks="short[$ten+next+missing_first]{pad=1,auxpad=0}:800"
     lookup="short[next]{pad=0,len=2-3}:1400,short[next+missing_first]{pad=0,len=2-6}:1600"
     compare="short[missing_first]{pad=0}:500,short[next+missing_first]{pad=0,len=2-3}:1400"
     compare="$compare,short[next+missing_first]{pad=0,len=2-6}:1400"
-    weights4=$w3,next=4,missing_first=3,missing=1
     case $run in
     l1-llada | l4-dream | l5-grown) stages="$lookup,$tasks,$last" ;;
     l2-llada) stages="$compare,$tasks,$last" ;;
     l3-llada)
-      weights4=$w3,next=24,missing_first=8,missing=2
+      w=${weights4/next=4,missing_first=3,missing=1/next=24,missing_first=8,missing=2}
       stages="full[$ten+next+missing_first]{share=0.85,pad=1,auxpad=0,icl=0,gap=0,auxchat=0,len=2-3,lr=7e-4}:1600"
       stages="$stages,full[$ten+next+missing_first+missing]{share=0.75,pad=1,auxpad=0,icl=0,gap=24,auxchat=0,lr=7e-4}:1600"
       stages="$stages,$last"
       ;;
     esac
     launch "$run" --arch "$arch" --init "$init" --short-format bare --short-batch 128 --full-batch 128 --lr 1e-3 \
-      --stages "$stages" --stage-warmup 50 --task-weights "$weights4" --row-workers 2 ;;
+      --stages "$stages" --stage-warmup 50 --task-weights "$w" --row-workers 2 ;;
   # l1 and l4 continued (the lease's last minutes): their last stage for 2,000 more steps from their exports (fresh
   # optimizer), the rate decayed over the last 800; then once more from those (c2, c5). The exports they start from
   # must be at runs/<run>/export (carried to the lease). demo-llada is c2's export, demo-dream c5's.
@@ -120,11 +122,8 @@ for run in "$@"; do
     c4-dream) init=runs/l4-dream/export ;;
     c5-dream) init=runs/c4-dream/export ;;
     esac
-    w3=copy=1,reverse=2,sort=2,shuffle=2,insert_index=3,remove_index=2,replace_index=2.5,insert_random=2
     launch "$run" --arch "$arch" --init "$init" --short-format bare --short-batch 128 --full-batch 128 --lr 4e-4 \
-      --stages "full[$ten+missing_first+missing+next]{share=0.5,pad=1,auxpad=0,icl=0.5,gap=48,auxchat=0}:2000" \
-      --warmup 50 --decay-steps 800 --task-weights "$w3,remove_random=1,replace_random=2,next=4,missing_first=3,missing=1" \
-      --row-workers 3 ;;
+      --stages "$official4:2000" --warmup 50 --decay-steps 800 --task-weights "$weights4" --row-workers 3 ;;
   *) echo "unknown run $run" >&2; exit 2 ;;
   esac
 done

@@ -23,6 +23,7 @@ from scoring import TARGETS, TASKS  # noqa: E402
 from tokenizer import fold_chat_template  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
+CPU_HARDWARE = "a shared 2-core CPU (1 thread, evaluation excluded)"  # where the demo runs trained before any GPU
 SHIPPED = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 
 
@@ -49,7 +50,7 @@ def card(
     note: str,
     eval_command: str | None = None,
     origin: str = "trained from scratch",
-    hardware: str = "a shared 2-core CPU (1 thread, evaluation excluded)",
+    hardware: str = CPU_HARDWARE,
 ) -> str:
     size, arch = model_size(training), training["arch"]
     a = training["args"]
@@ -152,7 +153,7 @@ def main() -> None:
     )
     ap.add_argument(
         "--hardware",
-        default="a shared 2-core CPU (1 thread, evaluation excluded)",
+        default=CPU_HARDWARE,
         help="where the last run trained, in the card's wall-time line",
     )
     args = ap.parse_args()
