@@ -93,6 +93,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         + ")",
     )
     p.add_argument("--vr-steps", type=int, default=256, help="with --versus-reference: the fixed schedule's steps")
+    p.add_argument(
+        "--vr-layout",
+        default="auto",
+        choices=["auto", "decode", "official"],
+        help="with --versus-reference: our side's weight layout (load_model's layout; dlm_decode/models/layout.py); "
+        "the reference always gets the checkpoint's row-major tensors",
+    )
     p.add_argument("--gen-length", type=int, default=64)
     p.add_argument("--block-length", type=int, default=None, help="default: each sampler's own (32 or gen)")
     p.add_argument("--batch-size", type=int, default=8)

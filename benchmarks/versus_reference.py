@@ -62,6 +62,7 @@ from reference_generate import fastdllm_generate, llada_generate  # noqa: E402
 
 import dlm_decode  # noqa: E402
 from dlm_decode.models.compiled import resolve_mode  # noqa: E402
+from dlm_decode.models.layout import layout_of  # noqa: E402
 from dlm_decode.parallelbench.runner import render_table  # noqa: E402
 
 PROMPT_LENGTH, BLOCK_LENGTH, THRESHOLD = 64, 32, 0.9
@@ -129,15 +130,16 @@ def fixed_steps(gen: int, steps: int) -> int:
 
 
 def load(args: argparse.Namespace) -> tuple[Any, str]:
-    """The model (fp32, eval) and a description of it."""
+    """The model (fp32, eval; linear weights laid out as ``--vr-layout`` says) and a description of it."""
+    layout = getattr(args, "vr_layout", "auto")
     if args.model is None:
         sizes = {"vocab_size": DEMO_VOCAB, "embedding_size": DEMO_VOCAB, "mask_token_id": DEMO_VOCAB - 1}
         cfg = llada_config(**DEMO_SIZE, **sizes, max_sequence_length=4096)
         with tempfile.TemporaryDirectory() as tmp:
             path = write_checkpoint(Path(tmp) / "llada", cfg, llada_state_dict(cfg))
-            model = dlm_decode.load_model(path, device=args.device, tokenizer=False)[0]
+            model = dlm_decode.load_model(path, device=args.device, tokenizer=False, layout=layout)[0]
         return model, "random LLaDA, demo size (d 256, 6 layers, 8 heads, MLP 768, vocab 2048)"
-    model = dlm_decode.load_model(args.model, device=args.device, tokenizer=False)[0]
+    model = dlm_decode.load_model(args.model, device=args.device, tokenizer=False, layout=layout)[0]
     if model.config.model_type != "llada" or model.config.weight_tying:
         raise SystemExit("--versus-reference needs an LLaDA checkpoint without weight tying (the reference's model)")
     return model, str(args.model)
@@ -163,8 +165,11 @@ class Counted:
 
 
 def reference_forward(model: Any) -> Callable[..., Any]:
-    """``fwd(ids, past=None, replace=None) -> (logits, present)`` over the model's tensors (built once, untimed)."""
-    return functools.partial(llada_cached_forward, dict(model.state_dict()), model.config.to_dict(), official_ops=True)
+    """``fwd(ids, past=None, replace=None) -> (logits, present)`` over the model's tensors (built once, untimed), laid
+    out as the checkpoint stores them and as ``from_pretrained`` loads them for the reference code (row-major: copies
+    where ``load_model`` chose the decode layout for our side, ``dlm_decode/models/layout.py``)."""
+    weights = {k: v.contiguous() for k, v in model.state_dict().items()}
+    return functools.partial(llada_cached_forward, weights, model.config.to_dict(), official_ops=True)
 
 
 def run_reference(
@@ -334,6 +339,7 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
         "device": str(next(model.parameters()).device),
         "dtype": "float32",
         "torch_threads": torch.get_num_threads(),
+        "weight_layout": layout_of(model),
         "prompt_length": PROMPT_LENGTH,
         "block_length": BLOCK_LENGTH,
         "threshold": THRESHOLD,

@@ -89,6 +89,28 @@ def test_nonfinite_logits_stop_only_that_row():
     assert "non-finite logits" in out.rows[1].error
 
 
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf"), 3.3e38])
+def test_nonfinite_check_flags_nan_and_inf_at_candidates_but_not_huge_finite_logits(bad):
+    """``fail_nonfinite`` (a float64 sum per slot): NaN, +inf and -inf at a candidate slot stop the row; a row whose
+    logits are all finite but sum past float32's range (3.3e38 x 4) does not; a non-finite non-candidate is ignored."""
+    from types import SimpleNamespace
+
+    from dlm_decode.decode.commit import fail_nonfinite
+
+    logits = torch.zeros(3, 2, 4)
+    logits[0, 1, 2] = bad  # row 0: at a candidate
+    logits[1, 0, 2] = bad  # row 1: at a slot that is not a candidate
+    logits[2] = 3.3e38  # row 2: huge, finite
+    cand = torch.tensor([[False, True], [False, True], [True, True]])
+    stats = SimpleNamespace(fail_step=torch.full((3,), -1), fail_block=torch.full((3,), -1))
+    state = SimpleNamespace(stats=stats, step=7, block_index=2, finished=torch.zeros(3, dtype=torch.bool))
+    fail_nonfinite(state, logits, cand)
+    huge_only = bad == 3.3e38
+    assert state.finished.tolist() == [not huge_only, False, False]
+    assert stats.fail_step.tolist() == [-1 if huge_only else 7, -1, -1]
+    assert stats.fail_block.tolist() == [-1 if huge_only else 2, -1, -1]
+
+
 def test_mask_is_never_written_even_if_predicted():
     def fn(canvas, step):
         out = torch.zeros(canvas.shape[0], canvas.shape[1], 16)

@@ -60,25 +60,24 @@ class RMSNorm(nn.Module):
 
 
 def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """fp32 cos/sin tables for integer ``positions`` [B, Q] -> two [B, 1, Q, hd] tensors."""
+    """fp32 tables for integer ``positions`` [B, Q] -> cos and sin, two [B, 1, Q, hd] tensors in the rotate-half
+    layout, with rotate-half's sign folded into sin: cos = [c, c], sin = [-s, s] (``apply_rope`` then needs one roll,
+    no negation or concatenation per call; the products are the same numbers, since negation is exact)."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=positions.device) / head_dim))
     freqs = positions.float()[..., None] * inv_freq  # [B, Q, hd/2]
-    emb = torch.cat([freqs, freqs], dim=-1)[:, None]  # [B, 1, Q, hd]
-    return emb.cos(), emb.sin()
-
-
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat([-x2, x1], dim=-1)
+    cos, sin = freqs.cos(), freqs.sin()
+    return torch.cat([cos, cos], dim=-1)[:, None], torch.cat([-sin, sin], dim=-1)[:, None]
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, full_precision: bool) -> torch.Tensor:
-    """Rotate ``x`` [B, H, Q, hd]. ``full_precision``: LLaDA (fp32 rotation); else Dream/HF (model-dtype rotation)."""
+    """Rotate ``x`` [B, H, Q, hd] with ``rope_cos_sin``'s tables: x * cos + rotate_half(x) * [s, s], written as
+    x * cos + roll(x, hd/2) * [-s, s]. ``full_precision``: LLaDA (fp32 rotation); else Dream/HF (model dtype)."""
+    half = x.shape[-1] // 2
     if full_precision:
         xf = x.float()
-        return (xf * cos + rotate_half(xf) * sin).to(x.dtype)
+        return (xf * cos + xf.roll(half, -1) * sin).to(x.dtype)
     cos, sin = cos.to(x.dtype), sin.to(x.dtype)
-    return x * cos + rotate_half(x) * sin
+    return x * cos + x.roll(half, -1) * sin
 
 
 class Layer(Protocol):

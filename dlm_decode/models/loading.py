@@ -16,6 +16,7 @@ import torch
 
 from dlm_decode.core.files import check_shapes, read_json_object, safetensors_shapes
 from dlm_decode.core.inputs import ModelFacts
+from dlm_decode.models.layout import resolve_layout, set_layout
 
 DEMO_DIR = Path(__file__).resolve().parent.parent / "demo_models"
 DEMO_MODELS = ("demo-llada", "demo-dream")
@@ -147,14 +148,21 @@ def load_model(
     dtype: str | torch.dtype = "float32",
     device: str | torch.device = "cpu",
     tokenizer: bool = True,
+    layout: str = "auto",
 ):
-    """Load (model, tokenizer or None) from a checkpoint directory or a demo name; the model is in eval mode."""
+    """Load (model, tokenizer or None) from a checkpoint directory or a demo name; the model is in eval mode.
+
+    ``layout``: how the linear weights sit in memory (``models/layout.py``): ``"auto"`` (default) stores them
+    column-major on CPU in float32, where a decoding step's few-row products run 1.1-1.5x faster, and as loaded
+    elsewhere; ``"decode"`` always column-major; ``"official"`` always as the checkpoint stores them."""
     from transformers import AutoModel
 
     check_device(device)
     path = resolve_model_path(name_or_path)
     config = read_config(path)
     torch_dtype = parse_dtype(dtype)
+    layout = resolve_layout(layout, device, torch_dtype)
     check_weights(path, empty_model(config))
     model = AutoModel.from_pretrained(path, config=config, dtype=torch_dtype, use_safetensors=True).to(device).eval()
+    set_layout(model, layout)
     return model, (load_tokenizer(path) if tokenizer else None)

@@ -221,7 +221,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     total = args.steps if args.steps is not None else max(1, round(args.epochs * per_epoch))
 
     torch.manual_seed(args.seed)
-    model, tok = dlm_decode.load_model(args.model, dtype=args.dtype)
+    # trained as the checkpoint stores its weights (the decode layout, models/layout.py, is measured for decoding only)
+    model, tok = dlm_decode.load_model(args.model, dtype=args.dtype, layout="official")
     arch = arch_of(model)
     beta = args.beta if args.beta is not None else BETA[arch]
     mask_id, pad_id = model.mask_token_id, tok.pad_token_id
