@@ -139,14 +139,15 @@ def _with_shipped_filter(cfg: dict[str, Any], model: str) -> dict[str, Any]:
     if cfg["sampler"] != "learned_filter":
         return cfg
     from dlm_decode.models.loading import resolve_model_path
+    from dlm_decode.samplers.learned_filter import SHIPPED, SHIPPED_FILE
 
     try:
-        path = resolve_model_path(model) / "learn2pd_filter.safetensors"
+        path = resolve_model_path(model) / SHIPPED_FILE
     except FileNotFoundError:
         return cfg
     if not path.is_file():
         return cfg | {"label": f"{cfg['label']} (no filter)"}
-    return cfg | {"k": 1, "label": "learned_filter eotp", "sampler_options": {"filter": str(path), "eotp": True}}
+    return cfg | {"k": 1, "label": "learned_filter eotp", "sampler_options": {"filter": SHIPPED, "eotp": True}}
 
 
 def _with_tokenizer_delimiters(cfg: dict[str, Any], tok: Any) -> dict[str, Any]:

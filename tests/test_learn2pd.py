@@ -161,6 +161,39 @@ def test_shipped_demo_filter_matches_the_shipped_model(name):
     assert out.nfe < 32 and not (out.sequences == model.mask_token_id).any()
 
 
+def test_filter_shipped_resolves_to_the_file_beside_the_weights(llada):
+    """``filter="shipped"`` decodes exactly as the explicit path of the model's own filter, for either demo model; a
+    checkpoint without a filter, or a model not loaded from a directory, is a clear error before any decoding."""
+    from dlm_decode.decode.request import check_request
+    from dlm_decode.models.llada import LLaDAModelLM
+
+    chat = [{"role": "user", "content": 'Please copy the list exactly:\n["Anna Baker", "Carl Diaz"]\n'}]
+    kw = dict(chat=True, sampler="learned_filter", gen_length=32, block_length=32, steps=32)
+    for name in ("demo-llada", "demo-dream"):
+        if not (DEMO_DIR / name / "learn2pd_filter.safetensors").is_file():
+            continue
+        model, tok = dlm_decode.load_model(name)
+        path = str(DEMO_DIR / name / "learn2pd_filter.safetensors")
+        explicit = dlm_decode.generate(
+            model, [chat], tokenizer=tok, sampler_options={"filter": path, "eotp": True}, **kw
+        )
+        shipped = dlm_decode.generate(
+            model, [chat], tokenizer=tok, sampler_options={"filter": "shipped", "eotp": True}, **kw
+        )
+        assert shipped.texts == explicit.texts and shipped.nfe == explicit.nfe < 32
+    ids = [[5, 9, 17]]
+    with pytest.raises(
+        ValueError, match=r'filter="shipped": .* ships no Learn2PD filter \(learn2pd_filter.safetensors\)'
+    ):
+        dlm_decode.generate(llada, ids, sampler="learned_filter", sampler_options={"filter": "shipped"}, gen_length=8)
+    bare = LLaDAModelLM(llada.config.__class__(**{**llada.config.to_dict(), "_name_or_path": ""})).eval()
+    with pytest.raises(ValueError, match="was not loaded from a checkpoint directory; give filter=PATH"):
+        dlm_decode.generate(bare, ids, sampler="learned_filter", sampler_options={"filter": "shipped"}, gen_length=8)
+    # without the model (a sweep's task check), the value waits to be resolved
+    req = check_request(None, None, sampler="learned_filter", sampler_options={"filter": "shipped"}, gen_length=8)
+    assert req.sampler.filter == "shipped"
+
+
 # on-policy records (oracle_data.py --policy, train_filter.py with several --data, rounds.py): an extension
 
 

@@ -18,6 +18,7 @@ from fake import ScriptedModel, peaked
 
 import dlm_decode
 from dlm_decode.cli import main
+from dlm_decode.models.loading import DEMO_MODELS, resolve_model_path
 from dlm_decode.parallelbench.runner import load_tasks, run_task, task_seed
 from dlm_decode.parallelbench.sweep import attach_oracle, expand_grid, pbx, read_rows, run_sweep
 from dlm_decode.samplers.oracle import Oracle
@@ -395,7 +396,9 @@ def test_shipped_grids_expand_to_runnable_configs_and_their_filters_exist(grid, 
     filters = [c["sampler_options"]["filter"] for c in configs if "filter" in (c["sampler_options"] or {})]
     for cfg in configs:
         check_config(cfg)
-    for f in filters:  # each names a shipped Learn2PD filter, with its json beside it
-        assert (root / f).is_file() and (root / f).with_suffix(".json").is_file(), f
-    if grid == "quality_parallelism_dream.json":  # the Dream grid decodes with demo-dream's own filter
-        assert filters and all("demo-dream" in f for f in filters)
+    for f in filters:  # "shipped" (each demo model's own filter) or a path to a filter with its json beside it
+        if f == "shipped":
+            for name in DEMO_MODELS:
+                assert (resolve_model_path(name) / "learn2pd_filter.safetensors").is_file(), name
+        else:
+            assert (root / f).is_file() and (root / f).with_suffix(".json").is_file(), f

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -22,6 +23,9 @@ class ModelFacts:
     model_type: str = "unknown"
     # what the model's own generate samples with when its caller leaves an option unset (``model.sampling_defaults``)
     sampling_defaults: dict[str, Any] = field(default_factory=dict)
+    # the checkpoint directory the model was loaded from (files shipped beside the weights, e.g. a Learn2PD filter);
+    # None when unknown (a model built in memory)
+    checkpoint_dir: str | None = None
 
     @classmethod
     def of_model(cls, model: Any) -> ModelFacts:
@@ -32,7 +36,14 @@ class ModelFacts:
             max_length=int(model.max_sequence_length),
             model_type=str(getattr(model.config, "model_type", type(model).__name__)),
             sampling_defaults=dict(getattr(model, "sampling_defaults", {}) or {}),
+            checkpoint_dir=_checkpoint_dir(model),
         )
+
+
+def _checkpoint_dir(model: Any) -> str | None:
+    """The directory ``from_pretrained`` read (``config._name_or_path``), when it is one."""
+    name = getattr(getattr(model, "config", None), "_name_or_path", None)
+    return str(name) if name and Path(str(name)).is_dir() else None
 
 
 def encode_prompts(prompts: Sequence[Prompt] | torch.Tensor, tokenizer: Any | None, chat: bool) -> list[list[int]]:

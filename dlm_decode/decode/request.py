@@ -80,7 +80,7 @@ def check_request(
     """Check a request against the model's facts (None: only what the arguments decide) and the prompt ``rows``
     (token ids; None: no prompts yet, so only that the generation leaves room for one)."""
     cfg = decode_config(config, **config_kwargs)
-    smp = get_sampler(sampler, sampler_options)
+    smp = get_sampler(sampler, sampler_options).with_model(facts)
     pol = get_cache(cache, cache_options)
     block, steps = resolve_lengths(cfg.gen_length, cfg.block_length, cfg.steps, blockwise=smp.blockwise)
     if block > cfg.gen_length:

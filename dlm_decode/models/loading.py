@@ -9,6 +9,7 @@ missing, unexpected or differently shaped tensors, are errors naming the file, n
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -109,7 +110,8 @@ def empty_model(config: Any) -> Any:
 
 def model_facts(name_or_path: str | Path) -> ModelFacts:
     """What ``config.json`` decides about decoding (vocabulary, MASK id, maximum length), read without weights."""
-    return ModelFacts.of_model(empty_model(read_config(resolve_model_path(name_or_path))))
+    path = resolve_model_path(name_or_path)
+    return dataclasses.replace(ModelFacts.of_model(empty_model(read_config(path))), checkpoint_dir=str(path))
 
 
 def load_tokenizer(name_or_path: str | Path) -> Any | None:

@@ -41,6 +41,7 @@ from typing import Any, ClassVar
 import torch
 
 from dlm_decode.core.config import DecodeConfig, resolve_lengths
+from dlm_decode.core.inputs import ModelFacts
 from dlm_decode.core.proposals import gumbel_proposals
 from dlm_decode.core.state import DecodeState
 
@@ -82,6 +83,11 @@ class Sampler:
     greedy_only: ClassVar[bool] = False  # True: refuses temperature > 0 (its promise holds only at temperature 0)
     # True: ``select`` reads the logits of ``candidates(state, r0, r1)`` only (see the module docstring)
     reads_candidates_only: ClassVar[bool] = False
+
+    def with_model(self, facts: ModelFacts | None) -> Sampler:
+        """The sampler with options that name the model's own files resolved (``learned_filter``'s
+        ``filter="shipped"``); ``facts`` None: not known yet, left as given. Called before ``check``."""
+        return self
 
     def check(self, config: DecodeConfig, num_blocks: int) -> None:
         """Validate the sampler against the decoding config (before any work)."""

@@ -22,11 +22,15 @@ the activation between the two layers is ReLU (the reference module file is not 
 records it); the reference's top-k can select slots outside the block when the filter already committed more than
 the schedule left (we never commit outside the block); its cut inside a block with masks before the cut feeds the
 filter a shorter vector (we keep the block's full confidence vector). ``filter=None`` accepts nothing: the sampler
-is then LLaDA's low-confidence rule (plus EoTP when enabled).
+is then LLaDA's low-confidence rule (plus EoTP when enabled). ``filter="shipped"`` names the filter shipped beside
+the model's weights (``<checkpoint>/learn2pd_filter.safetensors``, as ``recipes/learn2pd/ship_demo.sh`` writes for
+the demo models), resolved against the checkpoint directory the model was loaded from, so one sweep grid serves
+every model.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from dataclasses import dataclass
@@ -39,11 +43,14 @@ from torch import nn
 
 from dlm_decode.core.config import DecodeConfig
 from dlm_decode.core.files import check_shapes, read_json_object, safetensors_shapes
+from dlm_decode.core.inputs import ModelFacts
 from dlm_decode.core.state import DecodeState
 from dlm_decode.samplers.base import Selection, candidates, top_k_per_row
 from dlm_decode.samplers.low_confidence import LowConfidence
 
 FORMAT = "learn2pd-filter"
+SHIPPED = "shipped"  # the ``filter`` value that names the filter shipped beside the model
+SHIPPED_FILE = "learn2pd_filter.safetensors"  # its file name in a checkpoint directory
 ACTIVATIONS = {"relu": nn.ReLU, "gelu": nn.GELU, "silu": nn.SiLU}
 
 
@@ -135,14 +142,33 @@ class LearnedFilter(LowConfidence):
         if not (math.isfinite(self.accept) and 0.0 <= self.accept < 1.0):
             raise ValueError(f"{self.name}: accept must be in [0, 1), got {self.accept!r}")
 
+    def with_model(self, facts: ModelFacts | None) -> LearnedFilter:
+        """``filter="shipped"`` -> the path of the filter in the model's checkpoint directory (checked to exist)."""
+        if self.filter != SHIPPED or facts is None:
+            return self
+        if facts.checkpoint_dir is None:
+            raise ValueError(
+                f'{self.name}: filter="{SHIPPED}" names the filter shipped beside the model\'s weights, but this model '
+                "was not loaded from a checkpoint directory; give filter=PATH"
+            )
+        path = Path(facts.checkpoint_dir) / SHIPPED_FILE
+        if not path.is_file():
+            raise ValueError(
+                f'{self.name}: filter="{SHIPPED}": {facts.checkpoint_dir} ships no Learn2PD filter ({SHIPPED_FILE}); '
+                "train one with recipes/learn2pd and give filter=PATH"
+            )
+        return dataclasses.replace(self, filter=str(path))
+
     def check(self, config: DecodeConfig, num_blocks: int) -> None:
         super().check(config, num_blocks)
-        if self.filter is not None:
+        if self.filter is not None and self.filter != SHIPPED:  # "shipped" is checked once the model is known
             load_filter(self.filter, config.gen_length // num_blocks)
 
     def begin_block(self, state: DecodeState) -> None:
         super().begin_block(state)
         key = f"{self.name}/filter"
+        if self.filter == SHIPPED:  # only a request checked without its model gets here
+            raise ValueError(f'{self.name}: filter="{SHIPPED}" was not resolved against a model (check_request)')
         if self.filter is not None and key not in state.scratch:
             state.scratch[key] = load_filter(self.filter, state.block_length).to(state.device)
 

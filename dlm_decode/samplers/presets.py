@@ -56,7 +56,10 @@ class Preset:
         return out
 
 
-NEEDS_HELP = {"filter": "a trained Learn2PD filter: filter=PATH, e.g. the demo models' learn2pd_filter.safetensors"}
+NEEDS_HELP = {
+    "filter": "a trained Learn2PD filter: filter=PATH, or filter=shipped for the one beside the model's weights "
+    "(the demo models ship one)"
+}
 
 
 _GSM8K_256 = {"gen_length": 256, "block_length": 32}
