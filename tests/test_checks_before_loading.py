@@ -89,7 +89,8 @@ def test_python_api_facts_come_from_config_json_alone(no_weights):
     from dlm_decode.models.loading import model_facts
 
     facts = model_facts(no_weights)  # the weights are garbage: reading them would fail
-    assert facts == ModelFacts(vocab_size=64, mask_id=MASK, max_length=256, model_type="llada")
+    want = ModelFacts(vocab_size=64, mask_id=MASK, max_length=256, model_type="llada", checkpoint_dir=str(no_weights))
+    assert facts == want
     ok = check_request(facts, [[5, 6]], gen_length=16, block_length=8)
     assert (ok.block_length, ok.num_blocks, ok.config.gen_length) == (8, 2, 16)
     for rows, kw, match in [
