@@ -155,38 +155,3 @@ def test_end_of_turn_tokens_count_as_eos(llada, tmp_path):
     tok = AutoTokenizer.from_pretrained(tmp_path)
     assert eos_ids(llada, None) == [EOS]
     assert eos_ids(llada, tok) == sorted({EOS, EOT})
-
-
-def test_block_masked_is_recomputed_whenever_what_it_reads_changes(llada):
-    """``DecodeState.block_masked`` returns its kept result only while canvas, finished, the cursor and the result
-    itself are untouched; each change below must show in the next call."""
-    from dlm_decode.core.inputs import ModelFacts
-    from dlm_decode.decode.loop import begin_block, open_rows
-    from dlm_decode.decode.prepare import prepare
-    from dlm_decode.decode.request import check_request
-
-    rows = [[5, 9, 17], [7, 2, 33]]
-    req = check_request(ModelFacts.of_model(llada), rows, sampler="threshold", gen_length=8, block_length=4)
-    state, _ = prepare(llada, rows, req, None)
-    begin_block(state, req.sampler, req.cache, open_rows(state))
-
-    def fresh():
-        return state.is_masked() & state.in_block() & ~state.finished[:, None]
-
-    first = state.block_masked()
-    assert state.block_masked() is first and torch.equal(first, fresh()) and int(first.sum()) == 8
-    state.canvas[0, 3] = 11  # the canvas written in place
-    assert torch.equal(state.block_masked(), fresh()) and int(state.block_masked().sum()) == 7
-    state.finished[1] = True  # finished written in place
-    assert torch.equal(state.block_masked(), fresh()) and int(state.block_masked().sum()) == 3
-    state.cursor.block_end = state.cursor.block_end - 1  # the cursor moved (a new tensor)
-    assert torch.equal(state.block_masked(), fresh()) and int(state.block_masked().sum()) == 2
-    state.cursor.block_end[0] += 1  # ... or written in place
-    assert torch.equal(state.block_masked(), fresh()) and int(state.block_masked().sum()) == 3
-    kept = state.block_masked()
-    kept[0, :] = False  # a caller wrote the returned tensor: the next call does not trust it
-    assert torch.equal(state.block_masked(), fresh()) and int(state.block_masked().sum()) == 3
-    other_end = state.block_end + 1
-    assert torch.equal(
-        state.block_masked(other_end), state.is_masked() & state.in_block(other_end) & ~state.finished[:, None]
-    )

@@ -117,8 +117,6 @@ class DecodeState:
     cursor: BlockCursor
     stats: DecodeStats
     scratch: dict[str, Any] = field(default_factory=dict)  # per-call memory of samplers and caches, keyed by owner
-    # ``block_masked()``'s last result and what it was computed from (see there)
-    _memo: tuple | None = field(default=None, init=False, repr=False, compare=False)
 
     # -- read-only views of the inputs
     @property
@@ -228,32 +226,8 @@ class DecodeState:
         return (idx >= self.block_start) & (idx < end[:, None])
 
     def block_masked(self, block_end: torch.Tensor | None = None) -> torch.Tensor:
-        """[B, T]: masked slots of the current block (ending at ``block_end`` when given) of unfinished rows.
-
-        A step asks for the current block's mask several times (the loop's count, the forward's subset, the
-        sampler's and the commit rule's candidates) while nothing changes; the result is kept and returned again
-        until the canvas or ``finished`` is written (their version counters move), the cursor moves, or the
-        returned tensor itself is written in place."""
-        if block_end is not None:
-            return self.is_masked() & self.in_block(block_end) & ~self.finished[:, None]
-        key = (self.canvas, self.canvas._version, self.finished, self.finished._version)
-        cursor = (self.block_start, self.block_end, self.block_end._version)
-        memo = self._memo
-        if (
-            memo is not None
-            and memo[0] is key[0]
-            and memo[1] == key[1]
-            and memo[2] is key[2]
-            and memo[3] == key[3]
-            and memo[4] == cursor[0]
-            and memo[5] is cursor[1]
-            and memo[6] == cursor[2]
-            and memo[7]._version == memo[8]
-        ):
-            return memo[7]
-        out = self.is_masked() & self.in_block() & ~self.finished[:, None]
-        self._memo = (*key, *cursor, out, out._version)
-        return out
+        """[B, T]: masked slots of the current block (ending at ``block_end`` when given) of unfinished rows."""
+        return self.is_masked() & self.in_block(block_end) & ~self.finished[:, None]
 
     def region(self) -> tuple[int, int]:
         """Default logits region: the current block (widest row)."""
