@@ -31,6 +31,10 @@ calls of its forward), tokens/s of each side (median over repeats), whether the 
 ours / reference; per configuration the ``threshold+dual`` / ``threshold`` tokens/s ratio of each side. The last line
 printed is one JSON object, with the torch thread count.
 
+Our side's model is loaded with ``load_model``'s default weight layout (column-major on CPU in float32,
+``dlm_decode/models/layout.py``; ``--vr-layout`` picks another); the reference side gets the checkpoint's row-major
+tensors, as ``from_pretrained`` hands them to the reference code. The JSON records our layout (``weight_layout``).
+
 ``--compile [MODE]`` adds a third side, ``dlm_decode.generate(compile=MODE)`` (``dlm_decode/models/compiled.py``),
 interleaved with the other two in every repeat (the order rotates); per row its tokens/s, whether its tokens and NFE
 equal the eager side's, and compiled / eager tokens/s, by wall-clock and by the process's CPU time (steadier where

@@ -3,7 +3,7 @@
 ``F.linear(x, W)`` computes ``x @ W.T``. With ``W`` row-major (as every checkpoint stores it, and as
 ``from_pretrained`` loads it) MKL's sgemm runs with its B operand transposed; with ``W`` stored column-major (the
 same values, ``W.T`` contiguous) it runs untransposed, which on this project's CPU (AVX-512, MKL 2024.2, one thread)
-is 1.2-1.47x faster for the few-row products of a cached decoding step (1-64 rows: a block of 32 slots, the masked
+is 1.1-1.6x faster for the few-row products of a cached decoding step (1-64 rows: a block of 32 slots, the masked
 slots of the last layer) and equal at a full canvas (320 rows): ``benchmarks/results/weight-layout-cpu.md``. Nothing
 else changes: the parameter keeps its shape, name, values and gradient; ``state_dict`` and ``save_pretrained`` give
 the official tensors (``save_pretrained`` writes contiguous copies). ``safetensors.torch.save_file`` refuses

@@ -155,7 +155,7 @@ def load_model(
     """Load (model, tokenizer or None) from a checkpoint directory or a demo name; the model is in eval mode.
 
     ``layout``: how the linear weights sit in memory (``models/layout.py``): ``"auto"`` (default) stores them
-    column-major on CPU in float32, where a decoding step's few-row products run 1.1-1.5x faster, and as loaded
+    column-major on CPU in float32, where a decoding step's few-row products run 1.1-1.6x faster, and as loaded
     elsewhere; ``"decode"`` always column-major; ``"official"`` always as the checkpoint stores them."""
     from transformers import AutoModel
 
