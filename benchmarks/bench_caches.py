@@ -40,6 +40,9 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the benchmarks' shared modules
+
+from random_models import RANDOM_SHAPES, random_llada  # noqa: E402
 
 import dlm_decode  # noqa: E402
 from dlm_decode.cache import CACHES  # noqa: E402
@@ -83,41 +86,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 # Random LLaDA shapes: the tiny one (CPU smoke runs) and LLaDA-8B's published widths (GPU runs; ``--layers`` may cut
 # the depth, which scales every cache's cost alike). Random weights: the costs are real, the tokens meaningless.
-RANDOM_SHAPES: dict[str, dict[str, int]] = {
-    "tiny": dict(d_model=128, n_layers=2, n_heads=4, n_kv_heads=4, mlp_hidden_size=344, vocab_size=512),
-    "llada-8b": dict(d_model=4096, n_layers=32, n_heads=32, n_kv_heads=32, mlp_hidden_size=12288, vocab_size=126464),
-}
-
-
-def random_llada(device: str, shape: str = "tiny", layers: int | None = None, dtype: str = "float32") -> Any:
-    """A random LLaDA in the official layout with the widths of ``RANDOM_SHAPES[shape]``, built on ``device``."""
-    from dlm_decode.models.llada import LLaDAConfig, LLaDAModelLM
-    from dlm_decode.models.loading import parse_dtype
-
-    dims = dict(RANDOM_SHAPES[shape])
-    if layers:
-        dims["n_layers"] = layers
-    vocab = dims["vocab_size"]
-    mask_id, eos_id = (126336, 126081) if shape == "llada-8b" else (vocab - 1, 1)
-    cfg = LLaDAConfig(
-        **dims,
-        embedding_size=vocab,
-        max_sequence_length=4096,
-        rope_theta=500000.0,
-        mask_token_id=mask_id,
-        eos_token_id=eos_id,
-        pad_token_id=eos_id,
-    )
-    torch.manual_seed(0)
-    with torch.device(device):
-        model = LLaDAModelLM(cfg).to(parse_dtype(dtype))
-    with torch.no_grad():  # spread the logits so confidences vary like a trained model's (logit std ~9 at any width)
-        head = model.model.transformer.ff_out.weight
-        head.mul_(40.0 * (128 / dims["d_model"]) ** 0.5)
-        head[cfg.mask_token_id] = 0.0
-    return model.eval()
-
-
 def load(args: argparse.Namespace) -> tuple[Any, Any, str]:
     name = args.model
     if name is None:

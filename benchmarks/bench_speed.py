@@ -94,6 +94,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--vr-steps", type=int, default=256, help="with --versus-reference: the fixed schedule's steps")
     p.add_argument(
+        "--vr-size",
+        default="demo",
+        choices=versus_reference.SIZES,
+        help="with --versus-reference and no --model: the random LLaDA's size (demo: d 256, 6 layers; llada-8b: "
+        "LLaDA-8B's widths, built on --device in --dtype, for a GPU)",
+    )
+    p.add_argument(
+        "--peak-gbps",
+        type=float,
+        default=None,
+        help="with --versus-reference: the device's peak memory bandwidth in GB/s for the roofline columns "
+        "(default: looked up for known CUDA devices, none on CPU)",
+    )
+    p.add_argument(
         "--vr-layout",
         default="auto",
         choices=["auto", "decode", "official"],
@@ -133,8 +147,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--repeats, --prompts, --batch-size and --vr-steps must be >= 1 and --warmup >= 0")
     if args.compile and args.warmup < 1:
         p.error("--compile needs --warmup >= 1 (compiling happens there, untimed)")
-    if args.versus_reference and args.dtype != "float32":
-        p.error("--versus-reference compares token identity in float32 only")
     if not args.versus_reference:
         args.model = args.model or "demo-llada"
     return args

@@ -4,9 +4,14 @@
 #   2. bench_attention.py at the shapes the caches produce with LLaDA-8B / Dream-7B widths (one JSON line each);
 #   3. bench_caches.py on random weights with LLaDA-8B's widths in bf16 ($GENS, $BATCHES, $SAMPLERS, $CACHES,
 #      $LAYERS, $REPEATS override its settings; $TAG names the log);
-#   4. tune_attention.py: the kernel's launch parameters swept at those shapes (not in the default set).
-# Usage: bash benchmarks/gpu_checks.sh OUTDIR [tests|attention|caches|tune ...]   (default: tests attention caches)
-# Runs from a checkout without installing (PYTHONPATH); writes gpu_tests.log, attention.jsonl, caches*.log, tune.log.
+#   4. tune_attention.py: the kernel's launch parameters swept at those shapes (not in the default set);
+#   5. versus8b: bench_speed.py --versus-reference on a random LLaDA of LLaDA-8B's widths in bf16, batch 1, gen 256
+#      (issue 16's GPU target: threshold+dual's share of the memory-bandwidth roofline, and its speed against the
+#      re-stated Fast-dLLM dual-cache loop timed in the same run; $VR_ROWS, $VR_CONFIGS, $REPEATS override).
+# Usage: bash benchmarks/gpu_checks.sh OUTDIR [tests|attention|caches|tune|versus8b ...]
+#        (default: tests attention caches)
+# Runs from a checkout without installing (PYTHONPATH); writes gpu_tests.log, attention.jsonl, caches*.log, tune.log,
+# versus8b.log.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:?usage: gpu_checks.sh OUTDIR [tests|attention|caches ...]}
@@ -56,6 +61,11 @@ CASES
   tune)
     python3 benchmarks/tune_attention.py 2>&1 | tee "$out/tune.log" | grep -v '^{'
     ;;
-  *) echo "unknown part $part (tests, attention, caches, tune)" >&2; exit 2 ;;
+  versus8b)
+    python3 benchmarks/bench_speed.py --versus-reference --vr-size llada-8b --dtype bfloat16 --device cuda \
+      --vr-configs "${VR_CONFIGS:-256x1}" --vr-rows "${VR_ROWS:-threshold,threshold+dual}" \
+      --repeats "${REPEATS:-3}" --warmup 1 2>&1 | tee "$out/versus8b.log" | grep -v '^{'
+    ;;
+  *) echo "unknown part $part (tests, attention, caches, tune, versus8b)" >&2; exit 2 ;;
   esac
 done

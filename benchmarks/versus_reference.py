@@ -1,5 +1,5 @@
 """``bench_speed.py --versus-reference``: ``dlm_decode.generate`` against the reference loops it re-states, same
-algorithm, same tokens, same NFE (fp32, temperature 0).
+algorithm, same tokens, same NFE (temperature 0; fp32 unless ``--dtype``).
 
     python benchmarks/bench_speed.py --versus-reference --vr-configs 256x1,256x8,1024x1 --repeats 5 --warmup 1 \\
         --threads 1
@@ -35,6 +35,16 @@ Our side's model is loaded with ``load_model``'s default weight layout (column-m
 ``dlm_decode/models/layout.py``; ``--vr-layout`` picks another); the reference side gets the checkpoint's row-major
 tensors, as ``from_pretrained`` hands them to the reference code. The JSON records our layout (``weight_layout``).
 
+``--dtype bfloat16`` / ``float16`` run both sides in that precision (both compute the same formulas in a different
+order, so half-precision roundings can part their tokens where float32 keeps them: the identity column reports it,
+and a row whose NFE differ compares different work).
+
+Roofline: at batch 1 a forward streams every weight once (LLaDA-8B: 16 GB in bf16), so each row also reports the
+weight bytes each side moves per second (the parameters but the input embedding table, times its NFE, over its median
+seconds) and, when the peak bandwidth is known (``--peak-gbps``, or ``PEAK_GBPS`` by CUDA device name), that as a share
+of it. ``--vr-size llada-8b --dtype bfloat16 --device cuda`` builds a random LLaDA of LLaDA-8B's shape on the GPU for
+that measurement (``benchmarks/gpu_checks.sh``, stage ``versus8b``).
+
 ``--compile [MODE]`` adds a third side, ``dlm_decode.generate(compile=MODE)`` (``dlm_decode/models/compiled.py``),
 interleaved with the other two in every repeat (the order rotates); per row its tokens/s, whether its tokens and NFE
 equal the eager side's, and compiled / eager tokens/s, by wall-clock and by the process's CPU time (steadier where
@@ -64,14 +74,21 @@ from checkpoints import llada_config, llada_state_dict, write_checkpoint  # noqa
 from reference_cached_generate import dual_cache_generate, llada_cached_forward, prefix_cache_generate  # noqa: E402
 from reference_generate import fastdllm_generate, llada_generate  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the benchmarks' shared modules
+from random_models import RANDOM_SHAPES, random_llada  # noqa: E402
+
 import dlm_decode  # noqa: E402
 from dlm_decode.models.compiled import resolve_mode  # noqa: E402
-from dlm_decode.models.layout import layout_of  # noqa: E402
+from dlm_decode.models.layout import layout_of, resolve_layout, set_layout  # noqa: E402
+from dlm_decode.models.loading import parse_dtype  # noqa: E402
 from dlm_decode.parallelbench.runner import render_table  # noqa: E402
 
 PROMPT_LENGTH, BLOCK_LENGTH, THRESHOLD = 64, 32, 0.9
 DEMO_SIZE = {"d_model": 256, "n_layers": 6, "n_heads": 8, "n_kv_heads": 8, "mlp_hidden_size": 768}
 DEMO_VOCAB = 2048
+SIZES = ("demo", *RANDOM_SHAPES)  # --vr-size: the demo checkpoint, or a random_models shape
+# peak memory bandwidth (GB/s) of the accelerators the roofline column knows by name; --peak-gbps overrides
+PEAK_GBPS = {"H200": 4800.0, "H100 PCIe": 2000.0, "H100": 3350.0, "A100-SXM4-80GB": 2039.0, "A100-SXM4-40GB": 1555.0}
 
 
 @dataclass(frozen=True)
@@ -134,19 +151,53 @@ def fixed_steps(gen: int, steps: int) -> int:
 
 
 def load(args: argparse.Namespace) -> tuple[Any, str]:
-    """The model (fp32, eval; linear weights laid out as ``--vr-layout`` says) and a description of it."""
+    """The model (eval; ``--dtype``; linear weights laid out as ``--vr-layout`` says) and a description of it.
+
+    ``--vr-size demo`` (default) is written as an official checkpoint and loaded with ``load_model``, as the tests do;
+    another size is ``random_models.random_llada`` of that shape (LLaDA-8B's, ``llada-8b``, is built on the device:
+    its 16 GB in bf16 would take minutes to write and read back), then laid out the same way."""
     layout = getattr(args, "vr_layout", "auto")
+    dtype = getattr(args, "dtype", "float32")
+    size = getattr(args, "vr_size", "demo")
+    if size not in SIZES:
+        raise SystemExit(f"--vr-size must be one of {', '.join(SIZES)}, got {size!r}")
+    if args.model is None and size != "demo":
+        model = random_llada(args.device, size, None, dtype)
+        set_layout(model, resolve_layout(layout, args.device, parse_dtype(dtype)))
+        n = sum(p.numel() for p in model.parameters())
+        return model, f"random LLaDA, {size} widths, {model.config.n_layers} layers, {n / 1e9:.2f}B params"
     if args.model is None:
         sizes = {"vocab_size": DEMO_VOCAB, "embedding_size": DEMO_VOCAB, "mask_token_id": DEMO_VOCAB - 1}
         cfg = llada_config(**DEMO_SIZE, **sizes, max_sequence_length=4096)
         with tempfile.TemporaryDirectory() as tmp:
             path = write_checkpoint(Path(tmp) / "llada", cfg, llada_state_dict(cfg))
-            model = dlm_decode.load_model(path, device=args.device, tokenizer=False, layout=layout)[0]
+            model = dlm_decode.load_model(path, dtype=dtype, device=args.device, tokenizer=False, layout=layout)[0]
         return model, "random LLaDA, demo size (d 256, 6 layers, 8 heads, MLP 768, vocab 2048)"
-    model = dlm_decode.load_model(args.model, device=args.device, tokenizer=False, layout=layout)[0]
+    model = dlm_decode.load_model(args.model, dtype=dtype, device=args.device, tokenizer=False, layout=layout)[0]
     if model.config.model_type != "llada" or model.config.weight_tying:
         raise SystemExit("--versus-reference needs an LLaDA checkpoint without weight tying (the reference's model)")
     return model, str(args.model)
+
+
+def weight_bytes_per_forward(model: Any) -> int:
+    """Bytes of parameters a forward reads: every one but the input embedding table, of which it gathers a few rows
+    (the roofline's numerator: at batch 1 a forward streams the weights once)."""
+    emb = model.get_input_embeddings().weight
+    return sum(p.numel() * p.element_size() for p in model.parameters() if p is not emb)
+
+
+def peak_gbps(device: str, given: float | None) -> tuple[float | None, str | None]:
+    """(peak memory bandwidth in GB/s, where it came from): ``--peak-gbps``, or the CUDA device's name looked up in
+    ``PEAK_GBPS`` (longest matching key first); (None, None) when unknown (CPU, an unlisted GPU)."""
+    if given is not None:
+        return given, "--peak-gbps"
+    if not str(device).startswith("cuda") or not torch.cuda.is_available():
+        return None, None
+    name = torch.cuda.get_device_name(torch.device(device))
+    for key in sorted(PEAK_GBPS, key=len, reverse=True):
+        if key in name:
+            return PEAK_GBPS[key], f"{name} (PEAK_GBPS[{key!r}])"
+    return None, None
 
 
 def prompts(model: Any, batch: int, seed: int) -> torch.Tensor:
@@ -271,6 +322,8 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
                 if rep >= args.warmup:
                     times[i][side].append(seconds)
                     cpu_times[i][side].append(cpu)
+    wbytes = weight_bytes_per_forward(model)
+    peak, peak_source = peak_gbps(args.device, getattr(args, "peak_gbps", None))
     results = []
     for i, (gen, batch, row) in enumerate(cases):
         (ref_x, ref_nfe), (our_x, our_nfe) = seen[i]["reference"], seen[i]["ours"]
@@ -308,6 +361,7 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
                 "identical": bool(torch.equal(ref_x, our_x)) and ref_nfe == our_nfe,
                 "speedup": tps["ours"] / tps["reference"],
             }
+            | roofline(wbytes, peak, ref_nfe, our_nfe, times[i])
             | extra
         )
     dual_over_none = []
@@ -341,7 +395,10 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
         "bench": "speed_versus_reference",
         "model": described,
         "device": str(next(model.parameters()).device),
-        "dtype": "float32",
+        "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
+        "weight_bytes_per_forward": wbytes,
+        "peak_gbps": peak,
+        "peak_gbps_source": peak_source,
         "torch_threads": torch.get_num_threads(),
         "weight_layout": layout_of(model),
         "prompt_length": PROMPT_LENGTH,
@@ -386,8 +443,29 @@ def format_compiled(results: list[dict[str, Any]], compiled: dict[str, Any]) -> 
     return "\n".join(lines)
 
 
+def roofline(
+    wbytes: int, peak: float | None, ref_nfe: int, our_nfe: int, seconds: dict[str, list[float]]
+) -> dict[str, Any]:
+    """Weight bytes streamed per second by each side (``wbytes`` x NFE / median seconds), and their share of the peak
+    bandwidth when one is known."""
+    out: dict[str, Any] = {"weight_bytes_per_forward": wbytes}
+    for side, nfe in (("reference", ref_nfe), ("ours", our_nfe)):
+        gbps = wbytes * nfe / statistics.median(seconds[side]) / 1e9
+        out[f"weight_gbps_{side}"] = gbps
+        out[f"roofline_{side}"] = None if peak is None else gbps / peak
+        out[f"ms_per_forward_{side}"] = 1e3 * statistics.median(seconds[side]) / max(nfe, 1)
+    # per forward: the comparison that still holds where half-precision tokens (and so the NFE) part
+    out["forward_speedup"] = out["ms_per_forward_reference"] / out["ms_per_forward_ours"]
+    return out
+
+
 def format_table(results: list[dict[str, Any]], dual_over_none: list[dict[str, Any]]) -> str:
     head = ["gen x batch", "row", "NFE ref", "NFE ours", "tok/s ref", "tok/s ours", "x ref", "identical"]
+    head += ["ms/fwd ref", "ms/fwd ours", "GB/s ref", "GB/s ours", "roof ref", "roof ours"]
+
+    def share(x: float | None) -> str:
+        return "-" if x is None else f"{100 * x:.0f}%"
+
     body = [
         [
             f"{r['gen_length']}x{r['batch']}",
@@ -398,6 +476,12 @@ def format_table(results: list[dict[str, Any]], dual_over_none: list[dict[str, A
             f"{r['tokens_per_s_ours']:.1f}",
             f"{r['speedup']:.2f}",
             "yes" if r["identical"] else "NO",
+            f"{r['ms_per_forward_reference']:.2f}",
+            f"{r['ms_per_forward_ours']:.2f}",
+            f"{r['weight_gbps_reference']:.1f}",
+            f"{r['weight_gbps_ours']:.1f}",
+            share(r["roofline_reference"]),
+            share(r["roofline_ours"]),
         ]
         for r in results
     ]

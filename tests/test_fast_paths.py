@@ -236,6 +236,39 @@ def test_versus_reference_benchmark_runs_and_finds_identical_tokens(llada_dir, c
         bench.main([*argv, "--vr-rows", "threshold,dual"])
 
 
+def test_versus_reference_roofline_columns_and_half_precision(llada_dir, capsys):
+    """The roofline fields are the weight bytes x NFE over the median seconds (and their share of --peak-gbps); a
+    bfloat16 run reports its identity instead of refusing; a random model of another size is built in the dtype."""
+    spec = importlib.util.spec_from_file_location("bench_speed", REPO / "benchmarks" / "bench_speed.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    vr = bench.versus_reference
+    argv = ["--versus-reference", "--model", str(llada_dir), "--vr-configs", "32x1", "--vr-rows", "threshold+dual"]
+    argv += ["--repeats", "1", "--warmup", "0", "--threads", "1"]
+    assert bench.main([*argv, "--peak-gbps", "40"]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    model = dlm_decode.load_model(llada_dir, tokenizer=False)[0]
+    emb = model.get_input_embeddings().weight.numel() * 4
+    wbytes = sum(p.numel() * 4 for p in model.parameters()) - emb
+    assert out["weight_bytes_per_forward"] == wbytes and out["peak_gbps"] == 40.0 and out["dtype"] == "float32"
+    (r,) = out["results"]
+    for side in ("reference", "ours"):
+        gbps = wbytes * r[f"nfe_{side}"] / r[f"seconds_{side}"][0] / 1e9
+        assert r[f"weight_gbps_{side}"] == pytest.approx(gbps) and r[f"roofline_{side}"] == pytest.approx(gbps / 40)
+        assert r[f"ms_per_forward_{side}"] == pytest.approx(1e3 * r[f"seconds_{side}"][0] / r[f"nfe_{side}"])
+    assert r["forward_speedup"] == pytest.approx(r["ms_per_forward_reference"] / r["ms_per_forward_ours"])
+    assert vr.peak_gbps("cpu", None) == (None, None)  # no peak known on a CPU: the share columns print "-"
+    assert bench.main([*argv, "--dtype", "bfloat16"]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["dtype"] == "bfloat16" and out["weight_bytes_per_forward"] == wbytes // 2
+    assert out["results"][0]["roofline_ours"] is None and isinstance(out["results"][0]["identical"], bool)
+    args = bench.parse_args(["--versus-reference", "--vr-configs", "32x1", "--dtype", "bfloat16"])
+    args.vr_size = "tiny"  # random_models.RANDOM_SHAPES: d 128, 2 layers, vocabulary 512
+    tiny, described = vr.load(args)
+    assert next(tiny.parameters()).dtype == torch.bfloat16 and "tiny widths" in described
+    assert tiny.get_input_embeddings().weight.shape == (512, 128) and tiny.mask_token_id == 511
+
+
 def test_region_end_follows_every_block_end_change(llada, monkeypatch):
     """The step's sync brings back the widest block end; a block end set anew (a sampler's variable block, a cut)
     drops that copy, so ``region`` never reads a stale one."""
