@@ -7,7 +7,8 @@ a decode step runs: M rows of activations (a dual-cache step: the 32 slots of a 
 one row; a batch of 8 blocks) against the demo size (d 256, MLP 768) and LLaDA-8B's (d 4096, MLP 12288), and checks
 that the fused outputs are bitwise equal to the separate ones (they must be for the decode to keep its tokens).
 
-Each pair is timed interleaved (separate, fused, separate, ...) ``--repeats`` times over ``--calls`` calls; the
+Each pair is timed interleaved (``interleaved.time_pair``: separate then fused, the order alternating per round)
+``--repeats`` times over ``--calls`` calls; the
 ratio is separate / fused median time (> 1: fusing pays). The last line printed is one JSON object with the torch
 thread count.
 
@@ -19,12 +20,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
-from collections.abc import Callable
+import sys
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the benchmarks' shared modules
+from interleaved import add_pair_args, check_pair_args, time_pair  # noqa: E402
 
 SIZES = {"demo": (256, 768), "llada8b": (4096, 12288)}  # (d_model, MLP hidden)
 
@@ -32,29 +35,13 @@ SIZES = {"demo": (256, 768), "llada8b": (4096, 12288)}  # (d_model, MLP hidden)
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes", default="demo,llada8b", help=f"comma-separated, from {sorted(SIZES)}")
-    p.add_argument("--rows", default="1,32,256", help="activation rows M per call, comma-separated")
-    p.add_argument("--repeats", type=int, default=5, help="interleaved timed rounds (median)")
-    p.add_argument("--calls", type=int, default=0, help="calls per timed round (0: about 0.2 s of work)")
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--seed", type=int, default=0)
+    add_pair_args(p, rows="1,32,256", budget=0.2)
     args = p.parse_args(argv)
     unknown = [s for s in args.sizes.split(",") if s not in SIZES]
     if unknown:
         p.error(f"--sizes: unknown {unknown}; choose from {sorted(SIZES)}")
-    try:
-        args.rows = [int(r) for r in args.rows.split(",")]
-    except ValueError:
-        p.error(f"--rows: comma-separated positive integers, got {args.rows!r}")
-    if min(args.rows) < 1 or args.repeats < 1 or args.calls < 0:
-        p.error("--rows and --repeats must be >= 1, --calls >= 0")
+    check_pair_args(p, args)
     return args
-
-
-def _seconds(fn: Callable[[], object], calls: int) -> float:
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    return time.perf_counter() - start
 
 
 def compare(x: torch.Tensor, weights: list[torch.Tensor], repeats: int, calls: int) -> dict:
@@ -69,16 +56,10 @@ def compare(x: torch.Tensor, weights: list[torch.Tensor], repeats: int, calls: i
         return F.linear(x, fused).split(widths, -1)
 
     same = all(torch.equal(a, b) for a, b in zip(separate(), together(), strict=True))
-    if calls == 0:  # about 0.2 s per side and round
-        calls = max(1, int(0.2 / max(_seconds(separate, 3) / 3, 1e-6)))
-    t_sep, t_fus = [], []
-    for _ in range(repeats):
-        t_sep.append(_seconds(separate, calls))
-        t_fus.append(_seconds(together, calls))
-    sep, fus = statistics.median(t_sep), statistics.median(t_fus)
+    sep, fus, calls = time_pair(separate, together, repeats, calls, budget=0.2)
     return {
-        "separate_us": round(sep / calls * 1e6, 1),
-        "fused_us": round(fus / calls * 1e6, 1),
+        "separate_us": round(sep * 1e6, 1),
+        "fused_us": round(fus * 1e6, 1),
         "separate_over_fused": round(sep / fus, 3),
         "bitwise_equal": same,
         "calls": calls,

@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
-from collections.abc import Callable
+import sys
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the benchmarks' shared modules
+from interleaved import add_pair_args, check_pair_args, time_pair  # noqa: E402
 
 # name -> (K in, N out) per size
 SHAPES = {
@@ -34,31 +36,15 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes", default="demo", help=f"comma-separated, from {sorted(SHAPES)}")
-    p.add_argument("--rows", default="1,8,32,64,320", help="activation rows M per call, comma-separated")
     p.add_argument("--dtypes", default="float32", help=f"comma-separated, from {sorted(DTYPES)}")
-    p.add_argument("--repeats", type=int, default=5, help="interleaved timed rounds (median)")
-    p.add_argument("--calls", type=int, default=0, help="calls per timed round (0: about 0.1 s of work)")
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--seed", type=int, default=0)
+    add_pair_args(p, rows="1,8,32,64,320", budget=0.1)
     args = p.parse_args(argv)
     for opt, given, known in (("--sizes", args.sizes, SHAPES), ("--dtypes", args.dtypes, DTYPES)):
         bad = [s for s in given.split(",") if s not in known]
         if bad:
             p.error(f"{opt}: unknown {bad}; choose from {sorted(known)}")
-    try:
-        args.rows = [int(r) for r in args.rows.split(",")]
-    except ValueError:
-        p.error(f"--rows: comma-separated positive integers, got {args.rows!r}")
-    if min(args.rows) < 1 or args.repeats < 1 or args.calls < 0 or args.threads < 1:
-        p.error("--rows, --repeats and --threads must be >= 1, --calls >= 0")
+    check_pair_args(p, args)
     return args
-
-
-def _seconds(fn: Callable[[], object], calls: int) -> float:
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    return time.perf_counter() - start
 
 
 def compare(x: torch.Tensor, w: torch.Tensor, repeats: int, calls: int) -> dict:
@@ -72,16 +58,10 @@ def compare(x: torch.Tensor, w: torch.Tensor, repeats: int, calls: int) -> dict:
         return F.linear(x, col)
 
     same = torch.equal(row_major(), column_major())
-    if calls == 0:
-        calls = max(1, int(0.1 / max(_seconds(row_major, 3) / 3, 1e-6)))
-    t_row, t_col = [], []
-    for i in range(repeats):  # interleaved, the order alternating
-        for fn, acc in ((row_major, t_row), (column_major, t_col))[:: 1 if i % 2 == 0 else -1]:
-            acc.append(_seconds(fn, calls))
-    r, c = statistics.median(t_row), statistics.median(t_col)
+    r, c, calls = time_pair(row_major, column_major, repeats, calls, budget=0.1)
     return {
-        "row_us": round(r / calls * 1e6, 1),
-        "column_us": round(c / calls * 1e6, 1),
+        "row_us": round(r * 1e6, 1),
+        "column_us": round(c * 1e6, 1),
         "row_over_column": round(r / c, 3),
         "bitwise_equal": same,
         "calls": calls,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import sys
@@ -26,6 +27,15 @@ import dlm_decode  # noqa: E402,F401  (registers the Auto classes)
 REPO = Path(__file__).resolve().parent.parent
 # the official ParallelBench files are not in the repository: $DLM_PARALLELBENCH_DATA, else ../shared beside it
 SHARED_DATA = Path(os.environ.get("DLM_PARALLELBENCH_DATA") or REPO.parent / "shared" / "data" / "parallelbench")
+
+
+def load_script(relpath: str):
+    """A script of the repository (a benchmark; they are not a package) imported as a module from its path."""
+    path = REPO / relpath
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 @pytest.fixture(scope="session")

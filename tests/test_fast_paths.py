@@ -10,12 +10,11 @@ No wall-clock assertions: speed is ``benchmarks/bench_speed.py --versus-referenc
 
 from __future__ import annotations
 
-import importlib.util
 import json
 
 import pytest
 import torch
-from conftest import REPO
+from conftest import load_script
 from reference_cached_generate import dual_cache_generate, llada_cached_forward, prefix_cache_generate
 from reference_generate import fastdllm_generate, llada_generate
 
@@ -212,9 +211,7 @@ def test_store_batch_rows_write_only_those_rows_and_spread_queries_to_them():
 
 
 def test_versus_reference_benchmark_runs_and_finds_identical_tokens(llada_dir, capsys):
-    spec = importlib.util.spec_from_file_location("bench_speed", REPO / "benchmarks" / "bench_speed.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_script("benchmarks/bench_speed.py")
     argv = ["--versus-reference", "--model", str(llada_dir), "--vr-configs", "32x1,32x2", "--vr-steps", "32"]
     assert bench.main(argv + ["--repeats", "1", "--warmup", "0", "--threads", "1"]) == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
@@ -239,9 +236,7 @@ def test_versus_reference_benchmark_runs_and_finds_identical_tokens(llada_dir, c
 def test_versus_reference_roofline_columns_and_half_precision(llada_dir, capsys):
     """The roofline fields are the weight bytes x NFE over the median seconds (and their share of --peak-gbps); a
     bfloat16 run reports its identity instead of refusing; a random model of another size is built in the dtype."""
-    spec = importlib.util.spec_from_file_location("bench_speed", REPO / "benchmarks" / "bench_speed.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_script("benchmarks/bench_speed.py")
     vr = bench.versus_reference
     argv = ["--versus-reference", "--model", str(llada_dir), "--vr-configs", "32x1", "--vr-rows", "threshold+dual"]
     argv += ["--repeats", "1", "--warmup", "0", "--threads", "1"]
@@ -290,15 +285,8 @@ def test_region_end_follows_every_block_end_change(llada, monkeypatch):
     assert seen and any(s != 8 for sizes in out.scratch["adaptive_block"] for s in sizes if s > 0)
 
 
-def _bench_fused():
-    spec = importlib.util.spec_from_file_location("bench_fused", REPO / "benchmarks" / "bench_fused_projections.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def test_bench_fused_projections_compares_equal_outputs_and_ends_in_one_json_line(capsys):
-    bench = _bench_fused()
+    bench = load_script("benchmarks/bench_fused_projections.py")
     torch.manual_seed(0)
     x, ws = torch.randn(4, 16), [torch.randn(8, 16), torch.randn(24, 16)]
     r = bench.compare(x, ws, repeats=1, calls=2)

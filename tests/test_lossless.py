@@ -7,7 +7,7 @@ import json
 
 import pytest
 import torch
-from conftest import SHARED_DATA
+from conftest import SHARED_DATA, load_script
 
 import dlm_decode
 from dlm_decode.parallelbench.runner import load_tasks, run_task
@@ -220,13 +220,7 @@ def test_sweep_table_shows_steps_per_call_and_slots_per_forward():
 
 @needs_data
 def test_bench_lossless_with_a_cache_stays_exact_against_the_same_cache(capsys):
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_lossless.py"
-    spec = importlib.util.spec_from_file_location("bench_lossless", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_script("benchmarks/bench_lossless.py")
     argv = ["--models", "demo-llada", "--tasks", "waiting_line/reverse", "--limit", "2", "--drafts", "3"]
     assert bench.main([*argv, "--cache", "prefix", "--repeats", "1", "--warmup", "0", "--data", str(SHARED_DATA)]) == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])

@@ -7,13 +7,12 @@ oracle's step counts; the demo-model test at the end checks real scores when the
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import SHARED_DATA
+from conftest import SHARED_DATA, load_script
 from fake import ScriptedModel, peaked
 
 import dlm_decode
@@ -267,9 +266,7 @@ def test_sweep_appends_rows_and_resumes_without_the_model(model_tok, tmp_path):
 
 @needs_data
 def test_bench_speed_prints_one_json_line_last(tok_dir, capsys):
-    spec = importlib.util.spec_from_file_location("bench_speed", REPO / "benchmarks" / "bench_speed.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_script("benchmarks/bench_speed.py")
     rc = bench.main(
         [
             "--model",
@@ -307,9 +304,7 @@ def test_bench_speed_prints_one_json_line_last(tok_dir, capsys):
 def test_bench_speed_interleaves_the_timed_passes(tok_dir, capsys, monkeypatch):
     """Warm-up passes first, pair by pair; then every timed pass runs each pair once, the order reversed on odd
     passes, so a ratio to the baseline compares runs taken side by side."""
-    spec = importlib.util.spec_from_file_location("bench_speed", REPO / "benchmarks" / "bench_speed.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_script("benchmarks/bench_speed.py")
     calls, real = [], bench.decode_all
 
     def recorded(model, tok, chats, kw, batch_size):

@@ -2,20 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
-
-REPO = Path(__file__).resolve().parents[1]
+from conftest import load_script
 
 
 def _load():
-    spec = importlib.util.spec_from_file_location("sweep_report", REPO / "benchmarks" / "sweep_report.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("benchmarks/sweep_report.py")
 
 
 def _row(task, sampler, nfe, score, opts=None, k=None, cache="none", seconds=1.0):

@@ -5,12 +5,11 @@ No wall-clock assertions: speed is ``benchmarks/bench_weight_layout.py`` and ``b
 
 from __future__ import annotations
 
-import importlib.util
 import json
 
 import pytest
 import torch
-from conftest import REPO, SHARED_DATA
+from conftest import SHARED_DATA, load_script
 
 import dlm_decode
 from dlm_decode.models.common import apply_rope, rope_cos_sin
@@ -120,15 +119,8 @@ def test_demo_model_decodes_the_same_tokens_in_both_layouts():
     assert all(r.score >= 75 for r in outs["decode"]), [r.score for r in outs["decode"]]
 
 
-def _bench():
-    spec = importlib.util.spec_from_file_location("bench_layout", REPO / "benchmarks" / "bench_weight_layout.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def test_bench_weight_layout_reports_both_layouts_and_ends_in_one_json_line(capsys):
-    bench = _bench()
+    bench = load_script("benchmarks/bench_weight_layout.py")
     torch.manual_seed(0)
     x, w = torch.randn(1, 32, 64), torch.randn(48, 64)
     r = bench.compare(x, w, repeats=1, calls=2)
