@@ -134,3 +134,23 @@ def test_bench_weight_layout_reports_both_layouts_and_ends_in_one_json_line(caps
     for bad in (["--sizes", "huge"], ["--rows", "a"], ["--dtypes", "int8"]):
         with pytest.raises(SystemExit):
             bench.main(bad)
+
+
+def test_a_weight_tied_to_an_embedding_keeps_its_layout():
+    """An LM head sharing the input embedding's table is left row-major (its row gathers want that); the others move."""
+    from torch import nn
+
+    class Tied(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.emb, self.proj, self.head = nn.Embedding(50, 16), nn.Linear(16, 16), nn.Linear(16, 50, bias=False)
+            self.head.weight = self.emb.weight
+
+    model = Tied()
+    assert set_layout(model, "decode") == 1
+    assert (
+        is_column_major(model.proj.weight)
+        and model.emb.weight.is_contiguous()
+        and model.head.weight is model.emb.weight
+    )
+    assert layout_of(model) == "decode"

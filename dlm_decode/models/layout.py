@@ -37,16 +37,15 @@ def resolve_layout(layout: str, device: torch.device | str, dtype: torch.dtype) 
 
 def set_layout(model: nn.Module, layout: str) -> int:
     """Store every ``nn.Linear`` weight of ``model`` column-major (``"decode"``) or row-major (``"official"``), in
-    place, values unchanged; ``"auto"`` decides from the model's first parameter. Returns how many weights moved."""
+    place, values unchanged (a weight tied to an embedding table stays as it is); ``"auto"`` decides from the model's
+    first parameter. Returns how many weights moved."""
     if layout == "auto":
         first = next(model.parameters())
         layout = resolve_layout(layout, first.device, first.dtype)
     elif layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
     moved = 0
-    for module in model.modules():
-        if not isinstance(module, nn.Linear):
-            continue
+    for module in _linears(model):
         w = module.weight
         if layout == "decode" and not is_column_major(w):
             module.weight.data = w.data.t().contiguous().t()  # [out, in] values, [in, out] memory
@@ -68,7 +67,13 @@ def layout_of(model: nn.Module) -> str:
     ``"mixed"``."""
     kinds = {
         "decode" if is_column_major(m.weight) else "official" if m.weight.is_contiguous() else "mixed"
-        for m in model.modules()
-        if isinstance(m, nn.Linear)
+        for m in _linears(model)
     }
     return kinds.pop() if len(kinds) == 1 else "mixed"
+
+
+def _linears(model: nn.Module) -> list[nn.Linear]:
+    """The model's linear layers whose weight is their own: a weight tied to an embedding table (an LM head sharing
+    the input embedding) keeps the row-major layout the table's row gathers want."""
+    tables = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+    return [m for m in model.modules() if isinstance(m, nn.Linear) and id(m.weight) not in tables]

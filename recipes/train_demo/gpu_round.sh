@@ -124,6 +124,20 @@ for run in "$@"; do
     esac
     launch "$run" --arch "$arch" --init "$init" --short-format bare --short-batch 128 --full-batch 128 --lr 4e-4 \
       --stages "$official4:2000" --warmup 50 --decay-steps 800 --task-weights "$weights4" --row-workers 3 ;;
+  s1-llada | p1-llada)
+    # round five (planned 2026-11-26, README "Twentieth round"): from the shipped demo-llada, the official stage with
+    # sort weighted up (s1); or the puzzles' short rows first, then their official rows beside the ten tasks (p1: the
+    # twentieth round's CPU probe at GPU batch)
+    puz=latin_square_n4+sudoku_n4_12
+    w=${weights4/sort=2/sort=8}
+    stages="$official4:8000"
+    if [[ $run == p1-llada ]]; then
+      w="${weights4/sort=2/sort=4},latin_square_n4=5,sudoku_n4_12=5"
+      stages="short[$ten+$puz]{pad=1,auxpad=0}:800,${official4/next]/next+$puz]}:8000"
+    fi
+    launch "$run" --arch llada --init dlm_decode/demo_models/demo-llada --short-format bare --short-batch 128 \
+      --full-batch 128 --lr 4e-4 --stages "$stages" --stage-warmup 50 --warmup 50 --decay-steps 1500 \
+      --task-weights "$w" --row-workers 3 ;;
   *) echo "unknown run $run" >&2; exit 2 ;;
   esac
 done
