@@ -57,6 +57,7 @@ import dlm_decode  # noqa: E402
 from dlm_decode.cache import CACHES  # noqa: E402
 from dlm_decode.cli import add_compile_arg  # noqa: E402
 from dlm_decode.models.compiled import set_compile  # noqa: E402
+from dlm_decode.models.layout import LAYOUTS  # noqa: E402
 from dlm_decode.options import parse_kv  # noqa: E402
 from dlm_decode.parallelbench.metrics import score_sample  # noqa: E402
 from dlm_decode.parallelbench.runner import load_tasks, render_table  # noqa: E402
@@ -110,7 +111,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--vr-layout",
         default="auto",
-        choices=["auto", "decode", "official"],
+        choices=LAYOUTS,
         help="with --versus-reference: our side's weight layout (load_model's layout; dlm_decode/models/layout.py); "
         "the reference always gets the checkpoint's row-major tensors",
     )

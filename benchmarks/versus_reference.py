@@ -448,7 +448,7 @@ def roofline(
 ) -> dict[str, Any]:
     """Weight bytes streamed per second by each side (``wbytes`` x NFE / median seconds), and their share of the peak
     bandwidth when one is known."""
-    out: dict[str, Any] = {"weight_bytes_per_forward": wbytes}
+    out: dict[str, Any] = {}
     for side, nfe in (("reference", ref_nfe), ("ours", our_nfe)):
         gbps = wbytes * nfe / statistics.median(seconds[side]) / 1e9
         out[f"weight_gbps_{side}"] = gbps
