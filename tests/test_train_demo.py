@@ -846,6 +846,41 @@ def test_missing_first_rows_ask_the_missing_question_over_first_names(mini_pb, t
     assert tr.parse_weights("missing_first=2,missing=1") == {st.MISSING_FIRST: 2.0, st.MISSING: 1.0}
 
 
+def test_latin_fill_rows_give_part_of_a_valid_square_and_ask_for_all_of_it(mini_pb, tok):
+    import random
+
+    st, tr = _load("stream"), _load("train")
+    square = "H,4,A,C\n4,C,H,A\nC,A,4,H\nA,H,C,4"
+    blanks = set()
+    for seed in range(60):
+        grid = st.latin_fill_grid(square, random.Random(seed))
+        cells, given = grid.replace("\n", ",").split(","), square.replace("\n", ",").split(",")
+        assert len(cells) == 16 and grid.count("\n") == 3
+        assert all(c == st.BLANK or c == g for c, g in zip(cells, given, strict=True))  # givens are the square's own
+        blanks.add(cells.count(st.BLANK))
+    assert min(blanks) >= 1 and 16 in blanks and 1 in blanks and len(blanks) > 8  # 1..16 blanks
+    seen = set()
+    stream = st.RowStream(mini_pb, tok, seed=0)
+    eot = tok.convert_tokens_to_ids("<|eot_id|>")
+    rows = stream.rows(3, st.Mix(batch=12, short_share=0.5, tasks=(st.LATIN_FILL,), bare=True, pad=True))
+    assert {label for _, _, label in rows} == {"short/aux/latin_fill", "full/aux/latin_fill"}
+    for prompt, resp, label in rows:
+        text, answer = tok.decode(prompt), tok.decode(resp[: resp.index(eot)]).replace(" ", "")
+        symbols = sorted(re.findall(r"(?:over|latin) \[([^\]]*)\]", text)[-1].replace(" ", "").split(","))
+        square_rows = [r.split(",") for r in answer.split("\n")]
+        assert all(sorted(r) == symbols for r in square_rows), answer  # a valid square over the prompt's symbols
+        assert all(sorted(c) == symbols for c in zip(*square_rows, strict=True)), answer
+        grid_lines = re.findall(r"^([^,\n<]+(?:,[^,\n<]+){3})", text, re.M)[-4:]  # the last four CSV lines
+        grid = [ln.replace(" ", "").split(",") for ln in grid_lines]
+        assert all(
+            g in (st.BLANK, a) for gr, ar in zip(grid, square_rows, strict=True) for g, a in zip(gr, ar, strict=True)
+        ), (text, answer)
+        assert label.startswith("short/") == ("Latin square" not in text)  # full rows are the official chat
+        seen.add(answer)
+    assert len(seen) > 1
+    assert tr.parse_stages("full[latin_square_n4+latin_fill]:2")[0].tasks == ("puzzle/latin_square_n4", st.LATIN_FILL)
+
+
 def test_probe_find_rows_are_short_or_official_copy_chats(tok, mini_pb):
     st, probe = _load("stream"), _load("probe")
     stream = st.RowStream(mini_pb, tok, seed=0)

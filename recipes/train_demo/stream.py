@@ -42,6 +42,12 @@ that are functions of (run seed, step), so every batch is reproducible and a res
   ``aux/next`` (``next``): the same question with the answer begun: the prompt ends in ``["Cy`` and the answer is
   `` Fox"]``, so the slot to fill sits right after its first name, as a last name does on the canvas of a shuffle
   once its first name is written (the classic induction pattern: ... A B ... A -> B).
+* **latin_fill rows** (``aux/latin_fill``, training only, when a stage names ``latin_fill``): ``latin [H, 4, C, A]``
+  then a square with 1..16 cells blanked (``_``) -> the whole square; as a full row the official latin-square chat
+  with the grid appended. The sudoku's form (givens in the prompt) for the one task whose official prompt gives
+  none: with few blanks a cell is the one symbol of the prompt's list that its row and column lack, the exclusion
+  the latin square needs at every step (twenty-first round: the twentieth round's model, trained on the official
+  rows alone, put the right symbol in a single masked cell 25% of the time, chance).
 
 Targets are drawn by ``random_answer`` afresh for every row: the random-output tasks (shuffle, insert / remove /
 replace at random, latin square) keep their real diversity (any valid answer), the others get their unique answer.
@@ -81,9 +87,12 @@ MISSING = "aux/missing"
 MISSING_FIRST = "aux/missing_first"
 LAST = "aux/last"
 NEXT = "aux/next"
-AUX_TASKS = (LOOKUP, EXCLUDE, MISSING, MISSING_FIRST, LAST, NEXT)
+LATIN_FILL = "aux/latin_fill"
+AUX_TASKS = (LOOKUP, EXCLUDE, MISSING, MISSING_FIRST, LAST, NEXT, LATIN_FILL)
 STAGE_TASKS = TASKS + AUX_TASKS
 _LOOKUP_SOURCE = "waiting_line/copy"  # a find row's people are those of a generated copy sample
+LATIN = "puzzle/latin_square_n4"
+BLANK = "_"  # a latin_fill row's empty cell (one token in the demo tokenizer, never a latin symbol)
 
 
 def lookup_query(sample: Mapping[str, Any], rng: random.Random, one: bool = False) -> tuple[list[str], list[str]]:
@@ -147,6 +156,17 @@ def _last_name_answer(query: Sequence[str], answer: Sequence[str]) -> tuple[str,
 
 def _next_name_answer(query: Sequence[str], answer: Sequence[str]) -> tuple[str, str]:
     return '["' + query[0], " " + answer[0] + '"]'  # the answer begun with the first name: '["Cy' + ' Fox"]'
+
+
+def latin_fill_grid(square: str, rng: random.Random) -> str:
+    """A latin_fill row's partial square: ``square`` (CSV rows) with 1..all of its cells, drawn uniformly, replaced by
+    ``BLANK``. Few blanks make a cell's symbol a pure exclusion (the one symbol its row and column lack, read against
+    the prompt's symbol list); all blanks is the official task in the grid format."""
+    rows = [row.split(",") for row in square.split("\n")]
+    cells = [(r, c) for r in range(len(rows)) for c in range(len(rows[r]))]
+    for r, c in rng.sample(cells, rng.randint(1, len(cells))):
+        rows[r][c] = BLANK
+    return "\n".join(",".join(row) for row in rows)
 
 
 # the training-only row kinds: the sample they are asked about (sample -> sample), their query (sample, rng) ->
@@ -266,7 +286,7 @@ class RowStream:
             picks = rng.choices(range(len(mix.tasks)), weights=mix.weights, k=mix.batch)
         else:  # official slots from the official tasks alone (the draw above, unchanged, when aux rows may be chats)
             weights = mix.weights or [1.0] * len(mix.tasks)
-            official = [0.0 if t in _AUX else w for t, w in zip(mix.tasks, weights, strict=True)]
+            official = [0.0 if t in AUX_TASKS else w for t, w in zip(mix.tasks, weights, strict=True)]
             picks = rng.choices(range(len(mix.tasks)), weights=weights, k=n_short)
             picks += rng.choices(range(len(mix.tasks)), weights=official, k=mix.batch - n_short)
         wanted: dict[tuple[str, str], int] = {}
@@ -278,6 +298,11 @@ class RowStream:
         gap_rng = random.Random(f"gap/{self.seed}/{step}")
         for (kind, task), n in sorted(wanted.items()):
             answer_rng = random.Random(rng.randrange(2**62))
+            if task == LATIN_FILL:
+                gen_length = max_new_tokens(LATIN)
+                for s in self.samples(LATIN, n, rng.randrange(2**62)):
+                    out.append((*self.latin_fill_row(s, gen_length, mix, kind == "full", answer_rng), f"{kind}/{task}"))
+                continue
             if task in _AUX:
                 gen_length = max_new_tokens(_LOOKUP_SOURCE)
                 for s in self.samples(_LOOKUP_SOURCE, n, rng.randrange(2**62), mix.lengths):
@@ -332,6 +357,23 @@ class RowStream:
         if mix.aux_pad is not None and mix.aux_pad != mix.pad:
             mix = replace(mix, pad=mix.aux_pad)
         return self.text_row(prompt, answer, gen_length, mix, lead=lead)
+
+    def latin_fill_row(
+        self, sample: Mapping[str, Any], gen_length: int, mix: Mix, full: bool, rng: random.Random
+    ) -> tuple[list[int], list[int]]:
+        """One ``aux/latin_fill`` row: a latin square sample's symbols and a partial square (``latin_fill_grid`` of a
+        drawn valid square), answered by the whole square: the sudoku's form (givens in the prompt) for the latin
+        square, whose official prompt gives none. Bare like the short rows (``latin [H, 4, C, A]`` then the grid), or
+        ``full``: the official latin-square chat with the grid as one more paragraph of its last user turn."""
+        target = random_answer(LATIN, sample, rng)
+        grid = latin_fill_grid(target, rng)
+        if full:
+            messages = build_messages(self.configs[LATIN], sample)
+            messages[-1] = {**messages[-1], "content": messages[-1]["content"] + "\n" + grid + "\n"}
+            return self.encode(messages, target, gen_length)
+        if mix.aux_pad is not None and mix.aux_pad != mix.pad:
+            mix = replace(mix, pad=mix.aux_pad)
+        return self.text_row(f"{short_prompt(LATIN, sample)}\n{grid}", target, gen_length, mix)
 
     def short_row(
         self,
