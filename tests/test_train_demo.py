@@ -881,6 +881,30 @@ def test_latin_fill_rows_give_part_of_a_valid_square_and_ask_for_all_of_it(mini_
     assert tr.parse_stages("full[latin_square_n4+latin_fill]:2")[0].tasks == ("puzzle/latin_square_n4", st.LATIN_FILL)
 
 
+def test_canvas_widens_the_full_rows_eos_padding_to_drawn_lengths(mini_pb, tok):
+    st, tr = _load("stream"), _load("train")
+    stream = st.RowStream(mini_pb, tok, seed=0)
+    tasks = ("waiting_line/copy", "puzzle/latin_square_n4")
+    plain = stream.rows(7, st.Mix(batch=16, short_share=0.5, tasks=tasks, bare=True, pad=True))
+    wide = stream.rows(7, st.Mix(batch=16, short_share=0.5, tasks=tasks, bare=True, pad=True, canvas=200))
+    assert st.RowStream(mini_pb, tok, seed=0).rows(7, st.Mix(16, 0.5, tasks, bare=True, pad=True, canvas=200)) == wide
+    eos = tok.eos_token_id
+    grown = set()
+    assert [(p, label) for p, _, label in plain] == [(p, label) for p, _, label in wide]  # same rows, same order
+    for (_, a, label), (_, b, _) in zip(plain, wide, strict=True):
+        assert b[: len(a)] == a and set(b[len(a) :]) <= {eos}  # only EOS is added, after the row's own response
+        if label.startswith("short/"):
+            assert b == a
+        else:
+            assert len(a) <= len(b) <= 200
+            grown.add(len(b) - len(a))
+    assert len(grown) > 2 and max(grown) > 50  # drawn lengths, not one fixed pad
+    assert tr.parse_stages("full{canvas=256}:3")[0].canvas == 256 and tr.parse_stages("full:3")[0].canvas == 0
+    for bad in ("0", "257", "x"):
+        with pytest.raises(SystemExit, match="canvas"):
+            tr.parse_stages(f"full{{canvas={bad}}}:3")
+
+
 def test_probe_find_rows_are_short_or_official_copy_chats(tok, mini_pb):
     st, probe = _load("stream"), _load("probe")
     stream = st.RowStream(mini_pb, tok, seed=0)

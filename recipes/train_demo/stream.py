@@ -248,6 +248,9 @@ class Mix:
     # keeps the comparison rows short (one answer token in four weighs what it needs; "Thirteenth round") while the
     # ten tasks' rows stay padded as the shipped model learned them
     aux_pad: bool | None = None
+    # full rows' responses padded with EOS to a length drawn uniformly in [the task's canvas, canvas]; 0: the task's
+    # own canvas (the official gen length), as the shipped models were trained
+    canvas: int = 0
 
 
 class RowStream:
@@ -321,7 +324,22 @@ class RowStream:
                 else:
                     prompt, resp = self.encode(build_messages(self.configs[task], s), target, gen_length)
                 out.append((prompt, resp, f"{kind}/{task}"))
+        if mix.canvas:
+            out = self.widen(out, mix.canvas, random.Random(f"canvas/{self.seed}/{step}"))
         rng.shuffle(out)
+        return out
+
+    def widen(
+        self, rows: list[tuple[list[int], list[int], str]], canvas: int, rng: random.Random
+    ) -> list[tuple[list[int], list[int], str]]:
+        """The full rows with their EOS padding extended to a length drawn uniformly in [len(response), canvas] (its
+        own generator, so rows without a canvas are those of earlier runs); short rows unchanged."""
+        eos = self.tok.eos_token_id
+        out = []
+        for prompt, resp, label in rows:
+            if label.startswith("full/") and len(resp) < canvas:
+                resp = resp + [eos] * (rng.randint(len(resp), canvas) - len(resp))
+            out.append((prompt, resp, label))
         return out
 
     def filler(self, task: str, rng: random.Random, gap: int) -> str:

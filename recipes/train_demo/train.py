@@ -252,6 +252,9 @@ class Stage:
     short rows only (default 1: also as the copy chat with their question appended, whose one-name answers then
     outnumber the real copy chats and teach the copy prompt short answers; "Fourteenth round");
     ``auxpad=0`` leaves the training-only rows unpadded while ``pad=1`` pads the others (default: as ``pad``);
+    ``canvas=N`` pads each full row's response (official chat or training-only chat) with EOS to a length drawn
+    uniformly between the task's own canvas and N tokens (``Mix.canvas``), so the model also meets the long canvases
+    of a gen-256 decode (the models trained on 32-token canvases score 0 at gen 256);
     ``reset`` starts the stage with fresh optimizer moments (Adam's second moments from easy rows make the first
     updates on a new kind of row several times the learning rate)."""
 
@@ -267,9 +270,10 @@ class Stage:
     lengths: tuple[int, int] | None = None
     aux_chat: bool = True
     aux_pad: bool | None = None
+    canvas: int = 0
 
 
-_STAGE_OPTIONS = ("lr", "share", "icl", "pad", "reset", "gap", "len", "auxchat", "auxpad")
+_STAGE_OPTIONS = ("lr", "share", "icl", "pad", "reset", "gap", "len", "auxchat", "auxpad", "canvas")
 
 
 def parse_stages(spec: str) -> list[Stage]:
@@ -326,7 +330,7 @@ def _stage_options(part: str, text: str) -> dict[str, Any]:
                 out["aux_chat"] = bool(int(value))
             elif key == "auxpad":
                 out["aux_pad"] = bool(int(value))
-            elif key == "gap":
+            elif key in ("gap", "canvas"):
                 out[key] = int(value)
             elif key == "len":
                 out["lengths"] = list_lengths(value, f"--stages {part!r}")
@@ -336,11 +340,17 @@ def _stage_options(part: str, text: str) -> dict[str, Any]:
             raise SystemExit(f"--stages: bad value {value!r} for {key} in {part!r}") from None
         if key in ("share", "icl") and not 0.0 <= out[key] <= 1.0:
             raise SystemExit(f"--stages: {key} must be in [0, 1] in {part!r}")
+        if key == "canvas" and not 1 <= out[key] <= MAX_CANVAS:
+            raise SystemExit(f"--stages: canvas must be a token count in [1, {MAX_CANVAS}] in {part!r}")
         if key == "gap" and out[key] < 0:
             raise SystemExit(f"--stages: gap must be a whole number of words >= 0 in {part!r}")
         if key == "lr" and out[key] <= 0:
             raise SystemExit(f"--stages: lr must be > 0 in {part!r}")
     return out
+
+
+# the longest canvas a stage may pad to: the official prompts (up to ~240 tokens) plus this fit the demo models' 512
+MAX_CANVAS = 256
 
 
 def _split_top(spec: str) -> list[str]:
@@ -781,6 +791,7 @@ def main(argv: list[str] | None = None) -> None:
         icl = stage.icl if stage.icl is not None else args.short_icl
         opts = {"bare": bare, "pad": padded, "icl": icl, "gap": stage.gap or 0, "lengths": stage.lengths}
         opts["aux_pad"] = stage.aux_pad
+        opts["canvas"] = stage.canvas
         if stage.kind == "short":
             return Mix(args.short_batch, 1.0, tasks, weights, **opts)
         share = stage.share if stage.share is not None else args.short_share
