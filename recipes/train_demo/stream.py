@@ -22,32 +22,8 @@ that are functions of (run seed, step), so every batch is reproducible and a res
   (official reverse and insert_index failed on exactly the entries farther away), and the short rows never put a
   list farther than that.
 * **full rows**: the official prompt exactly as ``build_messages`` builds it (ICL turn included).
-* **find rows** (``aux/find``, training only, when a stage names ``find``): ``find ["Cy", "Ann"] ["Ann Lee", "Bo
-  Kim", "Cy Fox"]`` -> ``["Cy Fox", "Ann Lee"]``. Short, or as a full row: the official copy chat with the query as
-  one more line of its last user turn. The demo models retrieve by position only (given a first name they cannot
-  produce its last name when the position route fails: official reverse of 5-6 people, the operand of insert); these
-  rows have no position route.
-* **exclude rows** (``aux/exclude``, training only, when a stage names ``exclude``): ``remove ["Cy Fox", "Ann Lee"]
-  ["Ann Lee", "Bo Kim", "Cy Fox"]`` -> ``["Bo Kim"]``: the list without the named people (1..n-1 people are left, in
-  list order; the named ones in a random order). Short, or the official copy chat with the ``remove`` line appended.
-  This is the skill the random-output tasks lack (ninth round, ``exclusion_probe.py``): which people of the list are
-  not already written elsewhere, a comparison by content with no position route. ``aux/missing`` (``missing``): the
-  same with exactly one person kept, the simplest form of the question (no counting of the survivors).
-* **last rows** (``aux/last``, training only, when a stage names ``last``): ``last ["Cy"] ["Ann Lee", "Bo Kim", "Cy
-  Fox"]`` -> `` Fox``: one person, asked for by a first name that is unique in the list, answered by the last name
-  alone, as the list spells it after a first name (with its space: one token, the same token as in the list). The
-  look-up of ``find`` reduced to one answer token (the form in which the comparison formed as ``missing_first``): the
-  queried person sits anywhere in the list, so the token can only come from finding the first name and reading the
-  token after it (seventeenth round: the random-output tasks' wrong answers are the right names paired wrong).
-  ``aux/next`` (``next``): the same question with the answer begun: the prompt ends in ``["Cy`` and the answer is
-  `` Fox"]``, so the slot to fill sits right after its first name, as a last name does on the canvas of a shuffle
-  once its first name is written (the classic induction pattern: ... A B ... A -> B).
-* **latin_fill rows** (``aux/latin_fill``, training only, when a stage names ``latin_fill``): ``latin [H, 4, C, A]``
-  then a square with 1..16 cells blanked (``_``) -> the whole square; as a full row the official latin-square chat
-  with the grid appended. The sudoku's form (givens in the prompt) for the one task whose official prompt gives
-  none: with few blanks a cell is the one symbol of the prompt's list that its row and column lack, the exclusion
-  the latin square needs at every step (twenty-first round: the twentieth round's model, trained on the official
-  rows alone, put the right symbol in a single masked cell 25% of the time, chance).
+* **training-only rows** (``aux/...``, when a stage names them): the questions of ``aux_rows.py`` (find, exclude,
+  missing, missing_first, last, next, latin_fill), short or as a chat.
 
 Targets are drawn by ``random_answer`` afresh for every row: the random-output tasks (shuffle, insert / remove /
 replace at random, latin square) keep their real diversity (any valid answer), the others get their unique answer.
@@ -57,13 +33,33 @@ produced, so neither is trained on.
 
 from __future__ import annotations
 
-import json
 import random
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
+
+from aux_rows import (  # noqa: F401 (the row kinds' names and questions, imported from here by probes and tests)
+    _AUX,
+    AUX_TASKS,
+    BLANK,
+    EXCLUDE,
+    LAST,
+    LATIN,
+    LATIN_FILL,
+    LOOKUP,
+    LOOKUP_SOURCE,
+    MISSING,
+    MISSING_FIRST,
+    NEXT,
+    exclude_query,
+    first_names_only,
+    last_query,
+    latin_fill_grid,
+    lookup_query,
+    missing_query,
+)
 
 from dlm_decode.parallelbench.generator import (
     WAITING_LINE_OPS,
@@ -80,106 +76,8 @@ from dlm_decode.parallelbench.tasks import answer_text, build_messages, load_tas
 _FIRST = ("copy", "reverse", "sort", "shuffle")
 WAITING_LINE = _FIRST + tuple(op for op in WAITING_LINE_OPS if op not in _FIRST)
 TASKS = tuple(f"waiting_line/{op}" for op in WAITING_LINE) + ("puzzle/latin_square_n4", "puzzle/sudoku_n4_12")
-# training-only row kinds, never benchmark tasks; a stage takes them only when it names them
-LOOKUP = "aux/find"
-EXCLUDE = "aux/exclude"
-MISSING = "aux/missing"
-MISSING_FIRST = "aux/missing_first"
-LAST = "aux/last"
-NEXT = "aux/next"
-LATIN_FILL = "aux/latin_fill"
-AUX_TASKS = (LOOKUP, EXCLUDE, MISSING, MISSING_FIRST, LAST, NEXT, LATIN_FILL)
+# training-only row kinds (aux_rows.py), never benchmark tasks; a stage takes them only when it names them
 STAGE_TASKS = TASKS + AUX_TASKS
-_LOOKUP_SOURCE = "waiting_line/copy"  # a find row's people are those of a generated copy sample
-LATIN = "puzzle/latin_square_n4"
-BLANK = "_"  # a latin_fill row's empty cell (one token in the demo tokenizer, never a latin symbol)
-
-
-def lookup_query(sample: Mapping[str, Any], rng: random.Random, one: bool = False) -> tuple[list[str], list[str]]:
-    """A find row's query and answer: 1..n of the list's people (those whose first name is unique in it; exactly one
-    with ``one``) in a random order, the query holding their first names only, the answer their full names. The order
-    carries no position, so the only way to the last name is to find the first name in the list and read the token
-    after it (induction)."""
-    people = list(json.loads(sample["input"]["context"]))
-    firsts = [p.split(" ", 1)[0] for p in people]
-    unique = [p for p, f in zip(people, firsts, strict=True) if firsts.count(f) == 1] or people[:1]
-    chosen = rng.sample(unique, 1 if one else rng.randint(1, len(unique)))
-    return [p.split(" ", 1)[0] for p in chosen], chosen
-
-
-def last_query(sample: Mapping[str, Any], rng: random.Random) -> tuple[list[str], list[str]]:
-    """A last row's query and answer: one person whose first name is unique in the list, drawn uniformly, asked for
-    by that first name and answered by the last name alone (one token in the demo tokenizer)."""
-    first, last = lookup_query(sample, rng, one=True)
-    return first, [last[0].split(" ", 1)[1]]
-
-
-def exclude_query(
-    sample: Mapping[str, Any], rng: random.Random, keep: int | None = None
-) -> tuple[list[str], list[str]]:
-    """An exclude row's named people and answer: ``keep`` (default 1..n-1 at random) of the list's people are kept
-    (the answer, in list order), the others are named in a random order, so which entry survives depends on who is
-    named, not where."""
-    people = list(json.loads(sample["input"]["context"]))
-    kept = set(rng.sample(range(len(people)), keep or rng.randint(1, max(len(people) - 1, 1))))
-    named = [p for i, p in enumerate(people) if i not in kept]
-    rng.shuffle(named)
-    return named, [p for i, p in enumerate(people) if i in kept]
-
-
-def missing_query(sample: Mapping[str, Any], rng: random.Random) -> tuple[list[str], list[str]]:
-    """An exclude row with one person kept: the one person of the list that the line does not name. This is the
-    exclusion probe's question (``exclusion_probe.py``) with the other people named in the prompt instead of on the
-    canvas; one answer entry, so no counting of survivors is needed."""
-    return exclude_query(sample, rng, keep=1)
-
-
-def first_names_only(sample: Mapping[str, Any]) -> dict:
-    """The sample with its list reduced to the people's distinct first names (one token each in the demo tokenizer):
-    the ``missing_first`` rows ask the missing-person question over single-token items, the simplest form of the
-    comparison by content (is this item among those named?)."""
-    firsts = list(dict.fromkeys(p.split(" ", 1)[0] for p in json.loads(sample["input"]["context"])))
-    return {**sample, "input": {**sample["input"], "context": list_to_str(firsts)}}
-
-
-def _whole(sample: Mapping[str, Any]) -> Mapping[str, Any]:
-    return sample
-
-
-def _list_answer(query: Sequence[str], answer: Sequence[str]) -> tuple[str, str]:
-    return "", list_to_str(answer)
-
-
-def _last_name_answer(query: Sequence[str], answer: Sequence[str]) -> tuple[str, str]:
-    return "", " " + answer[0]  # " Fox": the list's own token for a last name (without the space it is spelled apart)
-
-
-def _next_name_answer(query: Sequence[str], answer: Sequence[str]) -> tuple[str, str]:
-    return '["' + query[0], " " + answer[0] + '"]'  # the answer begun with the first name: '["Cy' + ' Fox"]'
-
-
-def latin_fill_grid(square: str, rng: random.Random) -> str:
-    """A latin_fill row's partial square: ``square`` (CSV rows) with 1..all of its cells, drawn uniformly, replaced by
-    ``BLANK``. Few blanks make a cell's symbol a pure exclusion (the one symbol its row and column lack, read against
-    the prompt's symbol list); all blanks is the official task in the grid format."""
-    rows = [row.split(",") for row in square.split("\n")]
-    cells = [(r, c) for r in range(len(rows)) for c in range(len(rows[r]))]
-    for r, c in rng.sample(cells, rng.randint(1, len(cells))):
-        rows[r][c] = BLANK
-    return "\n".join(",".join(row) for row in rows)
-
-
-# the training-only row kinds: the sample they are asked about (sample -> sample), their query (sample, rng) ->
-# (query list, answer list), the word of their line, and (query, answer) -> (the answer's given start, the text to
-# fill in)
-_AUX = {
-    LOOKUP: (_whole, lookup_query, "find", _list_answer),
-    EXCLUDE: (_whole, exclude_query, "remove", _list_answer),
-    MISSING: (_whole, missing_query, "remove", _list_answer),
-    MISSING_FIRST: (first_names_only, missing_query, "remove", _list_answer),
-    LAST: (_whole, last_query, "last", _last_name_answer),
-    NEXT: (_whole, last_query, "last", _next_name_answer),
-}
 
 
 def short_prompt(task: str, sample: Mapping[str, Any]) -> str:
@@ -307,9 +205,9 @@ class RowStream:
                     out.append((*self.latin_fill_row(s, gen_length, mix, kind == "full", answer_rng), f"{kind}/{task}"))
                 continue
             if task in _AUX:
-                gen_length = max_new_tokens(_LOOKUP_SOURCE)
-                for s in self.samples(_LOOKUP_SOURCE, n, rng.randrange(2**62), mix.lengths):
-                    gap = self.filler(_LOOKUP_SOURCE, gap_rng, mix.gap) if kind == "short" else ""
+                gen_length = max_new_tokens(LOOKUP_SOURCE)
+                for s in self.samples(LOOKUP_SOURCE, n, rng.randrange(2**62), mix.lengths):
+                    gap = self.filler(LOOKUP_SOURCE, gap_rng, mix.gap) if kind == "short" else ""
                     row = self.lookup_row(s, gen_length, mix, kind == "full", answer_rng, gap, task)
                     out.append((*row, f"{kind}/{task}"))
                 continue
@@ -368,7 +266,7 @@ class RowStream:
         lead, answer = answer_text_of(query, people)
         line = f"{word} {list_to_str(query)}"
         if full:
-            messages = build_messages(self.configs[_LOOKUP_SOURCE], sample)
+            messages = build_messages(self.configs[LOOKUP_SOURCE], sample)
             messages[-1] = {**messages[-1], "content": messages[-1]["content"] + line + "\n"}
             return self.encode(messages, answer, gen_length, lead)
         prompt = _with_gap(f"{line} {sample['input']['context']}", gap)
