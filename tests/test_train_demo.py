@@ -905,6 +905,23 @@ def test_canvas_widens_the_full_rows_eos_padding_to_drawn_lengths(mini_pb, tok):
             tr.parse_stages(f"full{{canvas={bad}}}:3")
 
 
+def test_latin_probe_counts_valid_rows_columns_and_foreign_cells():
+    lp = _load("latin_probe")
+    good = "H,4,A,C\n4,C,H,A\nC,A,4,H\nA,H,C,4"
+    rows_only = "H,4,A,C\nH,4,A,C\nH,4,A,C\nH,4,A,C"  # every row valid, no column
+    one_symbol = "Q,Q,Q,Q\nQ,Q,Q,Q\nQ,Q,Q,Q\nQ,Q,Q,Q"  # the twentieth round's collapse
+    assert lp.parse_square(" " + good + "\n") == [r.split(",") for r in good.split("\n")]
+    assert lp.parse_square("H,4,A\n4,C,H") is None and lp.parse_square("") is None
+    symbols = ["H", "4", "A", "C"]
+    squares = [lp.parse_square(t) for t in (good, rows_only, one_symbol, "not a square")]
+    stats = lp.square_stats(squares, [symbols, symbols, ["Q", "5", "3", "U"], symbols])
+    assert stats == {"formed": 0.75, "valid": 0.25, "rows": 0.667, "columns": 0.333, "foreign_cells": 0.0}
+    assert lp.square_stats([lp.parse_square("H,4,A,Z\n4,C,H,A\nC,A,4,H\nA,H,C,4")], [symbols])["foreign_cells"] == 0.062
+    for bad in (["--masked", "0"], ["--masked", "17"], ["--masked", "x"], ["--n", "0"]):
+        with pytest.raises(SystemExit, match="--masked|--n"):
+            lp.main(["no-such-model", *bad])
+
+
 def test_probe_find_rows_are_short_or_official_copy_chats(tok, mini_pb):
     st, probe = _load("stream"), _load("probe")
     stream = st.RowStream(mini_pb, tok, seed=0)
