@@ -905,6 +905,34 @@ def test_canvas_widens_the_full_rows_eos_padding_to_drawn_lengths(mini_pb, tok):
             tr.parse_stages(f"full{{canvas={bad}}}:3")
 
 
+def test_latin_rest_rows_give_the_first_rows_and_ask_for_the_rest(mini_pb, tok):
+    import random
+
+    from dlm_decode.parallelbench.tasks import max_new_tokens
+
+    st, tr = _load("stream"), _load("train")
+    square = "H,4,A,C\n4,C,H,A\nC,A,4,H\nA,H,C,4"
+    splits = [st.latin_rest_split(square, random.Random(seed)) for seed in range(40)]
+    assert all(lead + rest == square and lead.endswith("\n") for lead, rest in splits)
+    assert {lead.count("\n") for lead, _ in splits} == {1, 2, 3}  # one to three whole rows given
+    assert sum(lead.count("\n") == 3 for lead, _ in splits) > 12  # three rows (the column rule alone) most often
+    stream = st.RowStream(mini_pb, tok, seed=0)
+    eot, gen = tok.convert_tokens_to_ids("<|eot_id|>"), max_new_tokens("puzzle/latin_square_n4")
+    rows = stream.rows(2, st.Mix(batch=12, short_share=0.5, tasks=(st.LATIN_REST,), bare=True, pad=True))
+    assert {label for _, _, label in rows} == {"short/aux/latin_rest", "full/aux/latin_rest"}
+    for prompt, resp, _ in rows:
+        text, rest = tok.decode(prompt), tok.decode(resp[: resp.index(eot)]).replace(" ", "")
+        lead_lines = re.findall(r"^([^,\n<]+(?:,[^,\n<]+){3})\n", text, re.M)[-(4 - rest.count("\n") - 1) :]
+        lead = "".join(ln.replace(" ", "") + "\n" for ln in lead_lines)
+        assert text.endswith(lead_lines[-1] + "\n")  # the given rows end the prompt: the canvas goes on from there
+        square_rows = [r.split(",") for r in (lead + rest).split("\n")]
+        assert len(square_rows) == 4 and all(
+            sorted(c) == sorted(square_rows[0]) for c in zip(*square_rows, strict=True)
+        )
+        assert len(resp) + len(tok(lead, add_special_tokens=False)["input_ids"]) == gen  # ends where the canvas does
+    assert tr.parse_stages("full[latin_rest]:2")[0].tasks == (st.LATIN_REST,)
+
+
 def test_latin_probe_counts_valid_rows_columns_and_foreign_cells():
     lp = _load("latin_probe")
     good = "H,4,A,C\n4,C,H,A\nC,A,4,H\nA,H,C,4"

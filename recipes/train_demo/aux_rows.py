@@ -47,7 +47,9 @@ MISSING_FIRST = "aux/missing_first"
 LAST = "aux/last"
 NEXT = "aux/next"
 LATIN_FILL = "aux/latin_fill"
-AUX_TASKS = (LOOKUP, EXCLUDE, MISSING, MISSING_FIRST, LAST, NEXT, LATIN_FILL)
+LATIN_REST = "aux/latin_rest"
+AUX_TASKS = (LOOKUP, EXCLUDE, MISSING, MISSING_FIRST, LAST, NEXT, LATIN_FILL, LATIN_REST)
+LATIN_TASKS = (LATIN_FILL, LATIN_REST)  # the training-only kinds asked about a latin-square sample
 LOOKUP_SOURCE = "waiting_line/copy"  # a find row's people are those of a generated copy sample
 LATIN = "puzzle/latin_square_n4"
 BLANK = "_"  # a latin_fill row's empty cell (one token in the demo tokenizer, never a latin symbol)
@@ -125,6 +127,15 @@ def latin_fill_grid(square: str, rng: random.Random) -> str:
     for r, c in rng.sample(cells, rng.randint(1, len(cells))):
         rows[r][c] = BLANK
     return "\n".join(",".join(row) for row in rows)
+
+
+def latin_rest_split(square: str, rng: random.Random) -> tuple[str, str]:
+    """A latin_rest row's (given start, answer): the first 1..3 rows of ``square`` (3 half of the time) with their
+    newline, and the rows after them. With three rows given, each cell of the last row is the one symbol its column
+    lacks: the column rule alone, at the canvas's own offsets (8 tokens a row), which the row rule cannot answer."""
+    rows = square.split("\n")
+    given = rng.choice((1, 2, 3, 3))
+    return "\n".join(rows[:given]) + "\n", "\n".join(rows[given:])
 
 
 # the training-only row kinds: the sample they are asked about (sample -> sample), their query (sample, rng) ->

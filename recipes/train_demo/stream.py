@@ -48,6 +48,8 @@ from aux_rows import (  # noqa: F401 (the row kinds' names and questions, import
     LAST,
     LATIN,
     LATIN_FILL,
+    LATIN_REST,
+    LATIN_TASKS,
     LOOKUP,
     LOOKUP_SOURCE,
     MISSING,
@@ -57,6 +59,7 @@ from aux_rows import (  # noqa: F401 (the row kinds' names and questions, import
     first_names_only,
     last_query,
     latin_fill_grid,
+    latin_rest_split,
     lookup_query,
     missing_query,
 )
@@ -199,10 +202,11 @@ class RowStream:
         gap_rng = random.Random(f"gap/{self.seed}/{step}")
         for (kind, task), n in sorted(wanted.items()):
             answer_rng = random.Random(rng.randrange(2**62))
-            if task == LATIN_FILL:
+            if task in LATIN_TASKS:
                 gen_length = max_new_tokens(LATIN)
                 for s in self.samples(LATIN, n, rng.randrange(2**62)):
-                    out.append((*self.latin_fill_row(s, gen_length, mix, kind == "full", answer_rng), f"{kind}/{task}"))
+                    row = self.latin_aux_row(task, s, gen_length, mix, kind == "full", answer_rng)
+                    out.append((*row, f"{kind}/{task}"))
                 continue
             if task in _AUX:
                 gen_length = max_new_tokens(LOOKUP_SOURCE)
@@ -274,22 +278,31 @@ class RowStream:
             mix = replace(mix, pad=mix.aux_pad)
         return self.text_row(prompt, answer, gen_length, mix, lead=lead)
 
-    def latin_fill_row(
-        self, sample: Mapping[str, Any], gen_length: int, mix: Mix, full: bool, rng: random.Random
+    def latin_aux_row(
+        self, task: str, sample: Mapping[str, Any], gen_length: int, mix: Mix, full: bool, rng: random.Random
     ) -> tuple[list[int], list[int]]:
-        """One ``aux/latin_fill`` row: a latin square sample's symbols and a partial square (``latin_fill_grid`` of a
-        drawn valid square), answered by the whole square: the sudoku's form (givens in the prompt) for the latin
-        square, whose official prompt gives none. Bare like the short rows (``latin [H, 4, C, A]`` then the grid), or
-        ``full``: the official latin-square chat with the grid as one more paragraph of its last user turn."""
+        """One training-only latin-square row (``LATIN_TASKS``) of a drawn valid square. ``aux/latin_fill``: a partial
+        square (``latin_fill_grid``) after the symbols, answered by the whole square: the sudoku's form (givens in the
+        prompt) for the latin square, whose official prompt gives none. ``aux/latin_rest``: the square's first rows
+        given as the answer's start (``latin_rest_split``), the rest to fill in, the canvas ending where the task's
+        does. Bare like the short rows (``latin [H, 4, C, A]``), or ``full``: the official latin-square chat (with a
+        latin_fill grid as one more paragraph of its last user turn)."""
         target = random_answer(LATIN, sample, rng)
-        grid = latin_fill_grid(target, rng)
+        grid, lead = "", ""
+        if task == LATIN_FILL:
+            grid = latin_fill_grid(target, rng)
+        else:
+            lead, target = latin_rest_split(target, rng)
+            gen_length -= len(self.tok(lead, add_special_tokens=False)["input_ids"])
         if full:
             messages = build_messages(self.configs[LATIN], sample)
-            messages[-1] = {**messages[-1], "content": messages[-1]["content"] + "\n" + grid + "\n"}
-            return self.encode(messages, target, gen_length)
+            if grid:
+                messages[-1] = {**messages[-1], "content": messages[-1]["content"] + "\n" + grid + "\n"}
+            return self.encode(messages, target, gen_length, lead)
         if mix.aux_pad is not None and mix.aux_pad != mix.pad:
             mix = replace(mix, pad=mix.aux_pad)
-        return self.text_row(f"{short_prompt(LATIN, sample)}\n{grid}", target, gen_length, mix)
+        prompt = short_prompt(LATIN, sample) + (f"\n{grid}" if grid else "")
+        return self.text_row(prompt, target, gen_length, mix, lead=lead)
 
     def short_row(
         self,
