@@ -945,6 +945,15 @@ def test_latin_probe_counts_valid_rows_columns_and_foreign_cells():
     stats = lp.square_stats(squares, [symbols, symbols, ["Q", "5", "3", "U"], symbols])
     assert stats == {"formed": 0.75, "valid": 0.25, "rows": 0.667, "columns": 0.333, "foreign_cells": 0.0}
     assert lp.square_stats([lp.parse_square("H,4,A,Z\n4,C,H,A\nC,A,4,H\nA,H,C,4")], [symbols])["foreign_cells"] == 0.062
+    import random
+
+    rng = random.Random(0)
+    for _ in range(8):  # a masked column: one cell a row; a masked row: one cell a column; k random cells, distinct
+        assert (
+            sorted(i // 4 for i in lp.one_column(rng)) == [0, 1, 2, 3] and len({i % 4 for i in lp.one_column(rng)}) == 1
+        )
+        assert sorted(i % 4 for i in lp.one_row(rng)) == [0, 1, 2, 3] and len({i // 4 for i in lp.one_row(rng)}) == 1
+        assert len(set(lp.random_cells(5)(rng))) == 5
     for bad in (["--masked", "0"], ["--masked", "17"], ["--masked", "x"], ["--n", "0"]):
         with pytest.raises(SystemExit, match="--masked|--n"):
             lp.main(["no-such-model", *bad])

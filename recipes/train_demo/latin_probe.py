@@ -13,6 +13,8 @@ On ``--n`` fresh-seed official-format latin-square samples (``stream.heldout``; 
   canvas is after 16 - k decoding steps): the share of masked cells whose argmax is a symbol that no visible cell of
   its row or column already holds. ``k = 1`` is the single-cell look-up (one symbol fits); large ``k`` is the start of
   a decode, where any symbol the visible cells allow is right.
+* ``row_rule`` / ``column_rule``: the same reading with one whole column masked (each cell then the one symbol its row
+  lacks) or one whole row masked (each cell the one symbol its column lacks): which of the two rules the model has.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import json
 import random
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -66,11 +69,35 @@ def square_stats(squares: list[list[list[str]] | None], symbols: list[list[str]]
     }
 
 
+def random_cells(k: int) -> Callable[[random.Random], list[int]]:
+    """``k`` cells drawn at random (row-major indices 0..15)."""
+    return lambda rng: rng.sample(range(SIZE * SIZE), k)
+
+
+def one_column(rng: random.Random) -> list[int]:
+    """A whole column, drawn: each of its cells is fixed by the rest of its row."""
+    c = rng.randrange(SIZE)
+    return [r * SIZE + c for r in range(SIZE)]
+
+
+def one_row(rng: random.Random) -> list[int]:
+    """A whole row, drawn: each of its cells is fixed by the rest of its column."""
+    r = rng.randrange(SIZE)
+    return [r * SIZE + c for c in range(SIZE)]
+
+
 @torch.no_grad()
-def allowed_share(model: Any, tok: Any, stream: RowStream, samples: list[dict], k: int, seed: int) -> float:
-    """Share of ``k`` masked cells (of a drawn valid square, the others visible) whose argmax symbol no visible cell
-    of the same row or column holds."""
-    rng = random.Random(seed * 31 + k)
+def allowed_share(
+    model: Any,
+    tok: Any,
+    stream: RowStream,
+    samples: list[dict],
+    pick: Callable[[random.Random], list[int]],
+    seed: int,
+) -> float:
+    """Share of the masked cells (``pick``: the cells of a drawn valid square to mask, the others visible) whose
+    argmax symbol no visible cell of the same row or column holds."""
+    rng = random.Random(seed)
     hits, total = 0, 0
     for s in samples:
         square = random_answer(LATIN, s, rng)
@@ -80,7 +107,7 @@ def allowed_share(model: Any, tok: Any, stream: RowStream, samples: list[dict], 
         slots = [len(prompt) + 8 * r + 2 * c for r in range(SIZE) for c in range(SIZE)]
         if tok.decode([(prompt + resp)[slots[5]]]).strip() != cells[1][1]:
             raise SystemExit(f"{LATIN}: a symbol is not one token in this tokenizer; this probe needs one")
-        masked = rng.sample(range(SIZE * SIZE), k)
+        masked = pick(rng)
         ids = torch.tensor([prompt + resp])  # [1, T]
         ids[0, [slots[i] for i in masked]] = model.mask_token_id
         shift = getattr(model, "logit_shift", 0)  # Dream scores slot i from the logits at i - 1
@@ -129,7 +156,11 @@ def main(argv: list[str] | None = None) -> dict:
     if training.is_file():
         result["step"] = json.loads(training.read_text())["step"]
     result["decoded"] = square_stats(squares, [[str(x) for x in s["answer"]["symbols"]] for s in samples])
-    result["allowed"] = {str(k): allowed_share(model, tok, stream, samples, k, args.seed) for k in masked}
+    result["allowed"] = {
+        str(k): allowed_share(model, tok, stream, samples, random_cells(k), args.seed * 31 + k) for k in masked
+    }
+    result["row_rule"] = allowed_share(model, tok, stream, samples, one_column, args.seed)
+    result["column_rule"] = allowed_share(model, tok, stream, samples, one_row, args.seed)
     result["seconds"] = round(time.perf_counter() - start, 1)
     print(json.dumps(result), flush=True)
     return result
