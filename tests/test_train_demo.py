@@ -933,6 +933,18 @@ def test_latin_rest_rows_give_the_first_rows_and_ask_for_the_rest(mini_pb, tok):
     assert tr.parse_stages("full[latin_rest]:2")[0].tasks == (st.LATIN_REST,)
 
 
+def test_rope_columns_margin_separates_column_offsets_only_where_the_frequencies_allow():
+    pytest.importorskip("scipy")
+    rc = _load("rope_columns")
+    # the demo models' RoPE (base 10,000, head dim 32): no usable position-only column head; base 100 or head dim 64:
+    # a clear margin, growing as more frequencies fall in the range of the offsets
+    assert rc.column_margin(10000.0) < 0.01 < 0.2 < rc.column_margin(100.0) < rc.column_margin(10.0)
+    assert rc.column_margin(10000.0, head_dim=64) > 0.2
+    for bad in (["--bases", "1"], ["--bases", "x"], ["--head-dim", "3"], ["--span", "10"]):
+        with pytest.raises(SystemExit, match="--bases|--head-dim"):
+            rc.main(bad)
+
+
 def test_latin_probe_counts_valid_rows_columns_and_foreign_cells():
     lp = _load("latin_probe")
     good = "H,4,A,C\n4,C,H,A\nC,A,4,H\nA,H,C,4"
