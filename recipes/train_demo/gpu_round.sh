@@ -139,17 +139,19 @@ for run in "$@"; do
       --full-batch 128 --lr 4e-4 --stages "$stages" --stage-warmup 50 --warmup 50 --decay-steps 1500 \
       --task-weights "$w" --row-workers 3 ;;
   t1-llada | t2-llada)
-    # round six (planned 2026-11-26, README "Twenty-first round"): the latin square's exclusion forms on its own rows
-    # alone (q1-latin on the CPU: one masked cell right 27% -> 91% in 800 steps) and not in the twelve-task mix; so a
-    # latin stage first, then p1's official stage with latin square weighted up (t1); t2 the same with every full
-    # row's canvas drawn up to 256 tokens (a model that also decodes at gen 256: issue 16's 20x target)
-    puz=latin_square_n4+sudoku_n4_12
-    w="${weights4/sort=2/sort=4},latin_square_n4=8,sudoku_n4_12=5"
+    # round six (planned 2026-11-26, README "Twenty-first round"): the latin square's row rule forms on its own rows
+    # and its column rule only from latin_rest rows (q4 on the CPU: latin square 0 -> 45 on the official file), and
+    # not in the twelve-task mix; so a latin stage with latin_rest first, then p3's official stage with the puzzles
+    # and latin_rest kept in the mix (short, unpadded: auxpad=0) (t1); t2 the same with every full row's canvas drawn up to 256 tokens (a model
+    # that also decodes at gen 256: issue 16's 20x target)
+    puz=latin_square_n4+sudoku_n4_12+latin_rest
+    w="${weights4/sort=2/sort=4},latin_square_n4=6,latin_rest=4,sudoku_n4_12=6"
     last=${official4/next]/next+$puz]}
     [[ $run == t2-llada ]] && last=${last/lr=4e-4\}/lr=4e-4,canvas=256\}}
     launch "$run" --arch llada --init dlm_decode/demo_models/demo-llada --short-format bare --short-batch 128 \
-      --full-batch 128 --lr 4e-4 --stages "full[latin_square_n4]{share=0.5,pad=1,icl=0.5}:1500,$last:8000" \
-      --stage-warmup 50 --warmup 50 --decay-steps 1500 --task-weights "$w" --row-workers 3 ;;
+      --full-batch 128 --lr 4e-4 --stage-warmup 50 --warmup 50 --decay-steps 1500 --task-weights "$w" \
+      --stages "full[latin_square_n4+latin_rest]{share=0.5,pad=1,auxpad=1,icl=0.5}:4000,$last:8000" \
+      --row-workers 3 ;;
   *) echo "unknown run $run" >&2; exit 2 ;;
   esac
 done
