@@ -953,10 +953,11 @@ def test_latin_probe_counts_valid_rows_columns_and_foreign_cells():
     assert lp.parse_square(" " + good + "\n") == [r.split(",") for r in good.split("\n")]
     assert lp.parse_square("H,4,A\n4,C,H") is None and lp.parse_square("") is None
     symbols = ["H", "4", "A", "C"]
-    squares = [lp.parse_square(t) for t in (good, rows_only, one_symbol, "not a square")]
-    stats = lp.square_stats(squares, [symbols, symbols, ["Q", "5", "3", "U"], symbols])
+    stats = lp.square_stats(
+        [good, rows_only, one_symbol, "not a square"], [symbols, symbols, ["Q", "5", "3", "U"], symbols]
+    )
     assert stats == {"formed": 0.75, "valid": 0.25, "rows": 0.667, "columns": 0.333, "foreign_cells": 0.0}
-    assert lp.square_stats([lp.parse_square("H,4,A,Z\n4,C,H,A\nC,A,4,H\nA,H,C,4")], [symbols])["foreign_cells"] == 0.062
+    assert lp.square_stats(["H,4,A,Z\n4,C,H,A\nC,A,4,H\nA,H,C,4"], [symbols])["foreign_cells"] == 0.062
     import random
 
     rng = random.Random(0)

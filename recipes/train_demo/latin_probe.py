@@ -36,6 +36,7 @@ from stream import LATIN, RowStream, eval_items, heldout, official_keys  # noqa:
 
 import dlm_decode  # noqa: E402
 from dlm_decode.parallelbench.generator import random_answer  # noqa: E402
+from dlm_decode.parallelbench.metrics import latin_square_score  # noqa: E402
 from dlm_decode.parallelbench.tasks import build_messages, max_new_tokens  # noqa: E402
 
 SIZE = 4
@@ -49,20 +50,22 @@ def parse_square(text: str) -> list[list[str]] | None:
     return rows
 
 
-def square_stats(squares: list[list[list[str]] | None], symbols: list[list[str]]) -> dict[str, float]:
-    """Shares over the decoded squares: well-formed, valid, valid rows, valid columns, cells outside the symbol set."""
-    formed = [(sq, set(sy)) for sq, sy in zip(squares, symbols, strict=True) if sq is not None]
-    rows = [sorted(r) == sorted(sy) for sq, sy in formed for r in sq]
-    cols = [sorted(c) == sorted(sy) for sq, sy in formed for c in zip(*sq, strict=True)]
+def square_stats(texts: list[str], symbols: list[list[str]]) -> dict[str, float]:
+    """Shares over the decoded texts: well-formed 4 x 4 grids, valid squares (the task's own metric,
+    ``latin_square_score``), and of the well-formed grids the rows and columns holding each symbol once and the cells
+    outside the symbol set."""
+    formed = [(sq, sorted(sy)) for t, sy in zip(texts, symbols, strict=True) if (sq := parse_square(t)) is not None]
+    rows = [sorted(r) == sy for sq, sy in formed for r in sq]
+    cols = [sorted(c) == sy for sq, sy in formed for c in zip(*sq, strict=True)]
     foreign = [cell not in sy for sq, sy in formed for r in sq for cell in r]
-    valid = [all(sorted(r) == sorted(sy) for r in [*sq, *zip(*sq, strict=True)]) for sq, sy in formed]
+    valid = [latin_square_score(t, {"symbols": sy}) for t, sy in zip(texts, symbols, strict=True)]
 
     def share(flags: list[bool]) -> float:
         return round(sum(flags) / len(flags), 3) if flags else 0.0
 
     return {
-        "formed": round(len(formed) / max(len(squares), 1), 3),
-        "valid": round(sum(valid) / max(len(squares), 1), 3),
+        "formed": round(len(formed) / max(len(texts), 1), 3),
+        "valid": round(sum(valid) / max(len(texts), 1), 3),
         "rows": share(rows),
         "columns": share(cols),
         "foreign_cells": share(foreign),
@@ -150,12 +153,12 @@ def main(argv: list[str] | None = None) -> dict:
     out = dlm_decode.generate(
         model, chats, tokenizer=tok, chat=True, sampler="low_confidence", gen_length=gen_length, steps=gen_length
     )
-    squares = [parse_square(t or "") for t in out.texts]
     result: dict = {"model": str(args.model), "n": len(samples)}
     training = Path(args.model) / "training.json"
     if training.is_file():
         result["step"] = json.loads(training.read_text())["step"]
-    result["decoded"] = square_stats(squares, [[str(x) for x in s["answer"]["symbols"]] for s in samples])
+    texts = [t or "" for t in out.texts]
+    result["decoded"] = square_stats(texts, [[str(x) for x in s["answer"]["symbols"]] for s in samples])
     result["allowed"] = {
         str(k): allowed_share(model, tok, stream, samples, random_cells(k), args.seed * 31 + k) for k in masked
     }

@@ -153,6 +153,10 @@ class Mix:
     # own canvas (the official gen length), as the shipped models were trained
     canvas: int = 0
 
+    def for_aux(self) -> Mix:
+        """The mix a training-only row is built with: ``aux_pad`` in place of ``pad`` when it is set."""
+        return self if self.aux_pad is None else replace(self, pad=self.aux_pad)
+
 
 class RowStream:
     """Rows for a step, a function of (seed, step, mix): ``rows(step, mix) -> [(prompt_ids, response_ids, task)]``."""
@@ -274,9 +278,7 @@ class RowStream:
             messages[-1] = {**messages[-1], "content": messages[-1]["content"] + line + "\n"}
             return self.encode(messages, answer, gen_length, lead)
         prompt = _with_gap(f"{line} {sample['input']['context']}", gap)
-        if mix.aux_pad is not None and mix.aux_pad != mix.pad:
-            mix = replace(mix, pad=mix.aux_pad)
-        return self.text_row(prompt, answer, gen_length, mix, lead=lead)
+        return self.text_row(prompt, answer, gen_length, mix.for_aux(), lead=lead)
 
     def latin_aux_row(
         self, task: str, sample: Mapping[str, Any], gen_length: int, mix: Mix, full: bool, rng: random.Random
@@ -299,10 +301,8 @@ class RowStream:
             if grid:
                 messages[-1] = {**messages[-1], "content": messages[-1]["content"] + "\n" + grid + "\n"}
             return self.encode(messages, target, gen_length, lead)
-        if mix.aux_pad is not None and mix.aux_pad != mix.pad:
-            mix = replace(mix, pad=mix.aux_pad)
         prompt = short_prompt(LATIN, sample) + (f"\n{grid}" if grid else "")
-        return self.text_row(prompt, target, gen_length, mix, lead=lead)
+        return self.text_row(prompt, target, gen_length, mix.for_aux(), lead=lead)
 
     def short_row(
         self,
