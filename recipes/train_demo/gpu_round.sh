@@ -152,6 +152,27 @@ for run in "$@"; do
       --full-batch 128 --lr 4e-4 --stage-warmup 50 --warmup 50 --decay-steps 1500 --task-weights "$w" \
       --stages "full[latin_square_n4+latin_rest]{share=0.5,pad=1,auxpad=1,icl=0.5}:4000,$last:8000" \
       --row-workers 3 ;;
+  u1-llada | u2-llada | u3-dream | u4-llada)
+    # round seven (2026-11-26, README "Twenty-second round"): round six's last stage (the twelve tasks, latin_rest
+    # kept) started from the CPU candidates instead of demo-llada: q4's step 2,600 (latin 53 on the official file,
+    # the ten tasks faded) (u1), p3 (ten tasks and sudoku solved, latin 0) (u2), d2 on Dream (u3); u4 continues q4's
+    # latin-only stage at batch 128 (how far the latin square goes by itself). $STEPS steps (default 4,000), the
+    # last 1,500 decayed, so the lease's exports are annealed ones.
+    puz=latin_square_n4+sudoku_n4_12+latin_rest
+    w="${weights4/sort=2/sort=4},latin_square_n4=6,latin_rest=4,sudoku_n4_12=6"
+    stages="${official4/next]/next+$puz]}:${STEPS:-4000}"
+    arch=llada
+    case $run in
+    u1-llada) init=recipes/train_demo/runs/q4-latin-rest/export-step2600 ;;
+    u2-llada) init=recipes/train_demo/runs/p3-sudoku/export ;;
+    u3-dream) init=recipes/train_demo/runs/d2-dream/export arch=dream ;;
+    u4-llada)
+      init=recipes/train_demo/runs/q4-latin-rest/export-step2600 w=latin_square_n4=1,latin_rest=1
+      stages="full[latin_square_n4+latin_rest]{share=0.5,pad=1,auxpad=1,icl=0.5,gap=0}:${STEPS:-4000}"
+      ;;
+    esac
+    launch "$run" --arch "$arch" --init "$init" --short-format bare --short-batch 128 --full-batch 128 --lr 4e-4 \
+      --stages "$stages" --warmup 50 --decay-steps 1500 --task-weights "$w" --row-workers 3 ;;
   *) echo "unknown run $run" >&2; exit 2 ;;
   esac
 done
