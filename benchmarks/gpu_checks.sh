@@ -7,8 +7,11 @@
 #   4. tune_attention.py: the kernel's launch parameters swept at those shapes (not in the default set);
 #   5. versus8b: bench_speed.py --versus-reference on a random LLaDA of LLaDA-8B's widths in bf16, batch 1, gen 256
 #      (issue 16's GPU target: threshold+dual's share of the memory-bandwidth roofline, and its speed against the
-#      re-stated Fast-dLLM dual-cache loop timed in the same run; $VR_ROWS, $VR_CONFIGS, $REPEATS override).
-# Usage: bash benchmarks/gpu_checks.sh OUTDIR [tests|attention|caches|tune|versus8b ...]
+#      re-stated Fast-dLLM dual-cache loop timed in the same run; $VR_ROWS, $VR_CONFIGS, $REPEATS override;
+#      $COMPILE=MODE adds the compiled generate as a third side);
+#   6. profile8b: profile_decode.py at LLaDA-8B widths in bf16 (where a decode's time goes: the device's busy share,
+#      the top kernels, bare-forward times; $CACHES, $COMPILE as above).
+# Usage: bash benchmarks/gpu_checks.sh OUTDIR [tests|attention|caches|tune|versus8b|profile8b ...]
 #        (default: tests attention caches)
 # Runs from a checkout without installing (PYTHONPATH); writes gpu_tests.log, attention.jsonl, caches*.log, tune.log,
 # versus8b.log.
@@ -64,8 +67,13 @@ CASES
   versus8b)
     python3 benchmarks/bench_speed.py --versus-reference --vr-size llada-8b --dtype bfloat16 --device cuda \
       --vr-configs "${VR_CONFIGS:-256x1}" --vr-rows "${VR_ROWS:-threshold,threshold+dual}" \
-      --repeats "${REPEATS:-3}" --warmup 1 2>&1 | tee "$out/versus8b.log" | grep -v '^{'
+      --repeats "${REPEATS:-3}" --warmup 1 ${COMPILE:+--compile "$COMPILE"} 2>&1 | tee "$out/versus8b${TAG:-}.log" |
+      grep -v '^{'
     ;;
-  *) echo "unknown part $part (tests, attention, caches, tune, versus8b)" >&2; exit 2 ;;
+  profile8b)
+    python3 benchmarks/profile_decode.py --shape llada-8b --device cuda --dtype bfloat16 --cache "${CACHES:-none,dual}" \
+      ${COMPILE:+--compile "$COMPILE"} 2>&1 | grep -v '^USDT' | tee "$out/profile8b${TAG:-}.log" | grep -v '^{'
+    ;;
+  *) echo "unknown part $part (tests, attention, caches, tune, versus8b, profile8b)" >&2; exit 2 ;;
   esac
 done

@@ -1518,3 +1518,52 @@ def test_lookup_probe_tells_the_look_up_from_the_position_route(mini_pb, capsys)
         lp.main(["demo-llada", "--data", str(mini_pb), "--len", "1-9"])
     with pytest.raises(SystemExit):
         lp.main(["demo-llada", "--data", str(mini_pb / "nope")])  # refused before the model loads
+
+
+# ------------------------------------------------------------------------------------------------ merge.py
+
+
+def _export(folder: Path, tensors: dict[str, torch.Tensor], **config) -> Path:
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True)
+    save_file(tensors, str(folder / "model.safetensors"))
+    (folder / "config.json").write_text(json.dumps({"model_type": "llada", "d_model": 4, **config}))
+    (folder / "tokenizer.json").write_text("{}")
+    return folder
+
+
+def test_merge_adds_a_task_vector_and_interpolates(tmp_path):
+    from safetensors.torch import load_file
+
+    merge = _load("merge")
+    base = _export(tmp_path / "base", {"w": torch.tensor([1.0, 2.0]), "b": torch.tensor([[0.5]]).bfloat16()})
+    add = _export(tmp_path / "add", {"w": torch.tensor([3.0, -2.0]), "b": torch.tensor([[1.5]]).bfloat16()},
+                  transformers_version="5.17.0")  # where it was saved differs: still one lineage
+    minus = _export(tmp_path / "minus", {"w": torch.tensor([2.0, 0.0]), "b": torch.tensor([[1.0]]).bfloat16()})
+    merge.main(["--base", str(base), "--add", str(add), "--minus", str(minus), "--scale", "0.5",
+                "--out", str(tmp_path / "tv")])
+    got = load_file(str(tmp_path / "tv" / "model.safetensors"))
+    assert torch.equal(got["w"], torch.tensor([1.5, 1.0]))  # 1 + 0.5 * (3 - 2), 2 + 0.5 * (-2 - 0)
+    assert got["b"].dtype == torch.bfloat16 and float(got["b"]) == 0.75
+    assert (tmp_path / "tv" / "tokenizer.json").is_file()  # the base's folder otherwise
+    merge.main(["--base", str(base), "--add", str(add), "--scale", "0.25", "--out", str(tmp_path / "mix")])
+    got = load_file(str(tmp_path / "mix" / "model.safetensors"))
+    assert torch.equal(got["w"], torch.tensor([1.5, 1.0]))  # 0.75 * [1, 2] + 0.25 * [3, -2]
+
+
+def test_merge_refuses_other_lineages_and_overwriting_an_input(tmp_path):
+    merge = _load("merge")
+    base = _export(tmp_path / "base", {"w": torch.zeros(2)})
+    wider = _export(tmp_path / "wider", {"w": torch.zeros(2)}, d_model=8)
+    other = _export(tmp_path / "other", {"v": torch.zeros(2)})
+    with pytest.raises(SystemExit, match=r"--add: its config.json differs .*d_model"):
+        merge.main(["--base", str(base), "--add", str(wider), "--out", str(tmp_path / "o")])
+    with pytest.raises(SystemExit, match="same tensor names"):
+        merge.main(["--base", str(base), "--add", str(other), "--out", str(tmp_path / "o")])
+    with pytest.raises(SystemExit, match="--out must be a new folder"):
+        merge.main(["--base", str(base), "--add", str(other), "--out", str(base)])
+    with pytest.raises(SystemExit, match=r"--add .*no model.safetensors"):
+        (tmp_path / "empty").mkdir()
+        (tmp_path / "empty" / "config.json").write_text(json.dumps({"model_type": "llada", "d_model": 4}))
+        merge.main(["--base", str(base), "--add", str(tmp_path / "empty"), "--out", str(tmp_path / "o")])

@@ -1,0 +1,127 @@
+"""Where a decode's time goes: ``torch.profiler`` over one ``dlm_decode.generate`` call on a random LLaDA of a
+published width (``random_models.py``), after one untimed warm-up call.
+
+    python benchmarks/profile_decode.py --shape llada-8b --device cuda --dtype bfloat16 --cache none,dual
+
+For each cache it prints the operators with the most device (or, on the CPU, self) time, the share of the wall time
+the device was busy (a low share means the loop waits on the host: launches, syncs, Python), the wall time of one
+bare forward at the full width (prompt + gen) and at one block, and, on CUDA, a bare bf16 matmul's TFLOP/s at the
+MLP's shape as the machine's own yardstick. One JSON line last."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from random_models import RANDOM_SHAPES, random_llada  # noqa: E402
+
+import dlm_decode  # noqa: E402
+from dlm_decode.cli import add_compile_arg  # noqa: E402
+
+PROMPT, BLOCK = 64, 32
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def _wall(fn: Any, device: str, repeats: int) -> float:
+    """Median wall seconds of ``fn()`` over ``repeats`` calls (after one untimed call)."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        _sync(device)
+        t = time.perf_counter()
+        fn()
+        _sync(device)
+        times.append(time.perf_counter() - t)
+    return sorted(times)[len(times) // 2]
+
+
+def profile_cache(model: Any, prompt: torch.Tensor, args: argparse.Namespace, cache: str) -> dict[str, Any]:
+    """Profile one generate call with ``cache``; print its top operators; return its summary."""
+    from torch.profiler import ProfilerActivity, profile
+
+    def run() -> Any:
+        return dlm_decode.generate(model, prompt, sampler=args.sampler, cache=cache, gen_length=args.gen,
+                                   block_length=BLOCK, temperature=0.0, compile=args.compile or False)
+
+    run()  # warm-up: kernels (and with --compile the graphs) compiled, allocator grown
+    cuda = args.device.startswith("cuda")
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    _sync(args.device)
+    t = time.perf_counter()
+    with profile(activities=acts) as prof:
+        out = run()
+        _sync(args.device)
+    wall = time.perf_counter() - t
+    table = prof.key_averages()
+    key = "self_device_time_total" if cuda else "self_cpu_time_total"
+    busy = sum(getattr(e, key, 0.0) for e in table) / 1e6  # seconds of self time, all operators
+    print(f"\n== cache={cache} sampler={args.sampler}: NFE {out.nfe}, wall {wall:.3f} s under the profiler, "
+          f"{'device' if cuda else 'cpu'} self time {busy:.3f} s ({busy / wall:.0%} of wall)")
+    print(table.table(sort_by=key, row_limit=args.rows, max_name_column_width=60))
+    return {"cache": cache, "nfe": out.nfe, "wall_s": wall, "busy_s": busy, "busy_share": busy / wall}
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--shape", default="tiny", choices=sorted(RANDOM_SHAPES))
+    p.add_argument("--layers", type=int, default=None, help="fewer layers than the shape's (a quicker look)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--sampler", default="threshold")
+    p.add_argument("--cache", default="none,dual", help="comma-separated caches to profile, each in turn")
+    p.add_argument("--gen", type=int, default=256)
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--rows", type=int, default=18, help="operators printed per table")
+    p.add_argument("--repeats", type=int, default=5, help="bare-forward timings (median)")
+    add_compile_arg(p, "; here every profiled decode (the bare forwards stay eager)")
+    args = p.parse_args(argv)
+    caches = [c for c in args.cache.split(",") if c]
+    unknown = [c for c in caches if c not in dlm_decode.CACHES]
+    if not caches or unknown:
+        raise SystemExit(f"--cache: comma-separated names from {', '.join(dlm_decode.CACHES)}; got {args.cache!r}")
+    if args.sampler not in dlm_decode.SAMPLERS:
+        raise SystemExit(f"--sampler must be one of {', '.join(dlm_decode.SAMPLERS)}, got {args.sampler!r}")
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: torch sees no CUDA device here")
+    t = time.perf_counter()
+    model = random_llada(args.device, args.shape, args.layers, args.dtype)
+    built = time.perf_counter() - t
+    g = torch.Generator().manual_seed(0)
+    vocab = model.get_input_embeddings().weight.shape[0]
+    prompt = torch.randint(3, vocab - 2, (args.batch, PROMPT), generator=g).to(args.device)
+    result: dict[str, Any] = {"bench": "profile_decode", "shape": args.shape, "layers": model.config.n_layers,
+                              "device": args.device, "dtype": args.dtype, "batch": args.batch, "gen": args.gen,
+                              "threads": torch.get_num_threads(), "build_s": built,
+                              "compile": args.compile}
+    if args.device.startswith("cuda"):
+        result["gpu"] = torch.cuda.get_device_name()
+    with torch.no_grad():
+        for n in (PROMPT + args.gen, BLOCK):
+            ids = torch.randint(3, vocab - 2, (args.batch, n), generator=g).to(args.device)
+            result[f"bare_forward_ms_{n}"] = 1e3 * _wall(lambda: model(ids), args.device, args.repeats)
+            print(f"bare forward, {n} tokens: {result[f'bare_forward_ms_{n}']:.2f} ms")
+        if args.device.startswith("cuda"):
+            d, h = model.config.d_model, model.config.mlp_hidden_size
+            a = torch.randn(args.batch * (PROMPT + args.gen), d, device=args.device, dtype=model.dtype)
+            w = torch.randn(d, h, device=args.device, dtype=model.dtype)
+            s = _wall(lambda: a @ w, args.device, 20)
+            result["matmul_tflops"] = 2 * a.shape[0] * d * h / s / 1e12
+            print(f"bare matmul [{a.shape[0]}x{d}]x[{d}x{h}]: {result['matmul_tflops']:.0f} TFLOP/s")
+        result["caches"] = [profile_cache(model, prompt, args, c) for c in caches]
+    print(json.dumps(result))
+    return result
+
+
+if __name__ == "__main__":
+    main()
