@@ -1198,6 +1198,8 @@ def test_ship_card_names_the_origin_and_the_unmet_targets():
         and "| waiting_line/sort | 4.0 | 4.0 | 90 (**not" in text
     )
     assert "trained from scratch" in ship.card("demo-dream", training, scores, "cmd", "")
+    assert "Dream's shifted form" in text  # the objective line says which form of the loss trained it
+    assert "shifted" not in ship.card("demo-llada", {**training, "arch": "llada"}, scores, "cmd", "")
 
 
 def test_exclusion_probe_masks_exactly_the_entry_the_others_pin(tok, mini_pb):

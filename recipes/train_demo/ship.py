@@ -86,7 +86,8 @@ def card(
         "tasks, `puzzle/latin_square_n4` and `puzzle/sudoku_n4_12`; random-output tasks get a freshly drawn valid "
         "answer per row",
         "- objective: LLaDA SFT (prompt never masked; response = answer + `<|eot_id|>` + `<|endoftext|>` padding "
-        "to 32 / 64 tokens, masked at ratio t ~ U(0.001, 1), CE / t / response length)",
+        "to 32 / 64 tokens, masked at ratio t ~ U(0.001, 1), CE / t / response length)"
+        + ("; Dream's shifted form: token i is scored from the hidden state at i - 1" if arch == "dream" else ""),
         "- limits: decodes at the gen length it was trained for (32 waiting line, 64 puzzles) only; longer gen "
         "lengths garble or empty the answer (the answers it learned end in padding to exactly that length)",
         f"- curriculum `{a['stages']}` ({training['step']} steps run): short stages at batch {a['short_batch']}, "
