@@ -52,8 +52,16 @@ def profile_cache(model: Any, prompt: torch.Tensor, args: argparse.Namespace, ca
     from torch.profiler import ProfilerActivity, profile
 
     def run() -> Any:
-        return dlm_decode.generate(model, prompt, sampler=args.sampler, cache=cache, gen_length=args.gen,
-                                   block_length=BLOCK, temperature=0.0, compile=args.compile or False)
+        return dlm_decode.generate(
+            model,
+            prompt,
+            sampler=args.sampler,
+            cache=cache,
+            gen_length=args.gen,
+            block_length=BLOCK,
+            temperature=0.0,
+            compile=args.compile or False,
+        )
 
     run()  # warm-up: kernels (and with --compile the graphs) compiled, allocator grown
     cuda = args.device.startswith("cuda")
@@ -70,8 +78,10 @@ def profile_cache(model: Any, prompt: torch.Tensor, args: argparse.Namespace, ca
         busy = sum(e.self_device_time_total for e in prof.events() if e.device_type == DeviceType.CUDA) / 1e6
     else:  # the operators' self time on the host
         busy = sum(e.self_cpu_time_total for e in table) / 1e6
-    print(f"\n== cache={cache} sampler={args.sampler}: NFE {out.nfe}, wall {wall:.3f} s under the profiler, "
-          f"{'device' if cuda else 'cpu'} self time {busy:.3f} s ({busy / wall:.0%} of wall)")
+    print(
+        f"\n== cache={cache} sampler={args.sampler}: NFE {out.nfe}, wall {wall:.3f} s under the profiler, "
+        f"{'device' if cuda else 'cpu'} self time {busy:.3f} s ({busy / wall:.0%} of wall)"
+    )
     print(table.table(sort_by=key, row_limit=args.rows, max_name_column_width=60))
     return {"cache": cache, "nfe": out.nfe, "wall_s": wall, "busy_s": busy, "busy_share": busy / wall}
 
@@ -104,16 +114,24 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     g = torch.Generator().manual_seed(0)
     vocab = model.get_input_embeddings().weight.shape[0]
     prompt = torch.randint(3, vocab - 2, (args.batch, PROMPT), generator=g).to(args.device)
-    result: dict[str, Any] = {"bench": "profile_decode", "shape": args.shape, "layers": model.config.n_layers,
-                              "device": args.device, "dtype": args.dtype, "batch": args.batch, "gen": args.gen,
-                              "threads": torch.get_num_threads(), "build_s": built,
-                              "compile": args.compile}
+    result: dict[str, Any] = {
+        "bench": "profile_decode",
+        "shape": args.shape,
+        "layers": model.config.n_layers,
+        "device": args.device,
+        "dtype": args.dtype,
+        "batch": args.batch,
+        "gen": args.gen,
+        "threads": torch.get_num_threads(),
+        "build_s": built,
+        "compile": args.compile,
+    }
     if args.device.startswith("cuda"):
         result["gpu"] = torch.cuda.get_device_name()
     with torch.no_grad():
         for n in (PROMPT + args.gen, BLOCK):
             ids = torch.randint(3, vocab - 2, (args.batch, n), generator=g).to(args.device)
-            result[f"bare_forward_ms_{n}"] = 1e3 * _wall(lambda: model(ids), args.device, args.repeats)
+            result[f"bare_forward_ms_{n}"] = 1e3 * _wall(lambda ids=ids: model(ids), args.device, args.repeats)
             print(f"bare forward, {n} tokens: {result[f'bare_forward_ms_{n}']:.2f} ms")
         if args.device.startswith("cuda"):
             d, h = model.config.d_model, model.config.mlp_hidden_size

@@ -337,8 +337,9 @@ def test_plain_generate_until_task_scores_exact_match(tmp_path):
     """An ordinary generate_until task (string target, exact_match, no filters) through the registered name: lm-eval
     casts each gold answer to the answer's type, which crashed on the old ``str`` subclass."""
     model, tok = dlm_decode.load_model("demo-llada")
-    # two prompts the demo model answers with a non-empty first line at 32 tokens (it learned padded 32-token answers)
-    prompts = ["Copy the list: Alice, Bob, Carol", 'copy ["Billy Ramos", "Alan Wells", "Grace Wright"]']
+    # two prompts the demo model answers with a non-empty first line at 32 tokens (it learned padded 32-token answers;
+    # without the chat template the text is not the list, but the test needs only a known, non-empty answer)
+    prompts = ['copy ["Alan Wells", "Grace Wright"]', 'copy ["Billy Ramos", "Alan Wells", "Grace Wright"]']
     out = dlm_decode.generate(model, prompts, tokenizer=tok, gen_length=32, block_length=32)
     answers = [r.text.split("\n")[0] for r in out.rows]
     assert all(answers)  # non-empty, so matching one is not a coincidence of empty strings

@@ -323,10 +323,11 @@ def test_bench_speed_interleaves_the_timed_passes(tok_dir, capsys, monkeypatch):
 
 # The shipped demo models decode official samples one token per step and solve them (decoded here, not read from
 # scores.json; fp32 at T=0 is deterministic, so a weight, tokenizer or decode-loop change that breaks reading the
-# prompt shows as a drop). demo-llada (v3: round seven's u1 + 1,200 CPU steps, mean 91.8): reverse and copy of six people (official
-# samples 75-82: entries 48+ tokens back), the three index tasks, the random-output tasks (the look-up of a last name
-# by its first name and the comparison with the people already written), sort of three people, sudoku (64-token
-# answers) and the latin square (a solved square is re-checked here: every row and column holds each symbol once).
+# prompt shows as a drop). demo-llada (v3: round seven's u1 + 1,200 CPU steps, mean 91.8): reverse and copy of six
+# people (official samples 75-82: entries 48+ tokens back), the three index tasks, the random-output tasks (the
+# look-up of a last name by its first name and the comparison with the people already written), sort of three people,
+# sudoku (64-token answers) and the latin square (a solved square is re-checked: each row and column holds each
+# symbol once).
 # The bar is what was solved at batch 8, less one on the tasks whose answer is any valid one (random-output tasks,
 # shuffle, sort, latin square), so a near-tie that rounds the other way on another CPU does not fail the test.
 # demo-dream (round seven's u3, mean 85.8): the same cases but the latin square, which it does not solve.
@@ -381,7 +382,8 @@ def test_shipped_demo_models_solve_official_samples(name, case):
         elif task.endswith("latin_square_n4"):  # a solved square: every row and column holds each symbol once
             grid = [row.split(",") for row in o["text"].strip().splitlines()[:4]]
             symbols = sorted(sample["answer"]["symbols"])
-            assert all(sorted(r) == symbols for r in grid) and all(sorted(c) == symbols for c in zip(*grid)), o
+            columns = list(zip(*grid, strict=True))
+            assert all(sorted(r) == symbols for r in grid) and all(sorted(c) == symbols for c in columns), o
 
 
 GRIDS_DIR = Path(__file__).parents[1] / "benchmarks" / "grids"

@@ -7,9 +7,8 @@ import json
 import pytest
 import torch
 
-from tests.conftest import load_script
-
 import dlm_decode
+from tests.conftest import load_script
 
 
 def test_profile_counts_the_decodes_forwards_and_prints_json_last(capsys):
@@ -23,8 +22,15 @@ def test_profile_counts_the_decodes_forwards_and_prints_json_last(capsys):
     vocab = model.get_input_embeddings().weight.shape[0]
     prompt = torch.randint(3, vocab - 2, (1, prof.PROMPT), generator=torch.Generator().manual_seed(0))
     for row in out["caches"]:
-        ref = dlm_decode.generate(model, prompt, sampler="threshold", cache=row["cache"], gen_length=64,
-                                  block_length=prof.BLOCK, temperature=0.0)
+        ref = dlm_decode.generate(
+            model,
+            prompt,
+            sampler="threshold",
+            cache=row["cache"],
+            gen_length=64,
+            block_length=prof.BLOCK,
+            temperature=0.0,
+        )
         assert row["nfe"] == ref.nfe >= 2  # at least one forward per block
         assert 0 < row["busy_s"] and 0 < row["busy_share"] <= 1.5 and row["wall_s"] > 0
     assert [r["cache"] for r in out["caches"]] == ["none", "dual"]

@@ -1540,11 +1540,15 @@ def test_merge_adds_a_task_vector_and_interpolates(tmp_path):
 
     merge = _load("merge")
     base = _export(tmp_path / "base", {"w": torch.tensor([1.0, 2.0]), "b": torch.tensor([[0.5]]).bfloat16()})
-    add = _export(tmp_path / "add", {"w": torch.tensor([3.0, -2.0]), "b": torch.tensor([[1.5]]).bfloat16()},
-                  transformers_version="5.17.0")  # where it was saved differs: still one lineage
+    add = _export(
+        tmp_path / "add",
+        {"w": torch.tensor([3.0, -2.0]), "b": torch.tensor([[1.5]]).bfloat16()},
+        transformers_version="5.17.0",
+    )  # where it was saved differs: still one lineage
     minus = _export(tmp_path / "minus", {"w": torch.tensor([2.0, 0.0]), "b": torch.tensor([[1.0]]).bfloat16()})
-    merge.main(["--base", str(base), "--add", str(add), "--minus", str(minus), "--scale", "0.5",
-                "--out", str(tmp_path / "tv")])
+    merge.main(
+        ["--base", str(base), "--add", str(add), "--minus", str(minus), "--scale", "0.5", "--out", str(tmp_path / "tv")]
+    )
     got = load_file(str(tmp_path / "tv" / "model.safetensors"))
     assert torch.equal(got["w"], torch.tensor([1.5, 1.0]))  # 1 + 0.5 * (3 - 2), 2 + 0.5 * (-2 - 0)
     assert got["b"].dtype == torch.bfloat16 and float(got["b"]) == 0.75
