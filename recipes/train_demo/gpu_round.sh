@@ -173,6 +173,32 @@ for run in "$@"; do
     esac
     launch "$run" --arch "$arch" --init "$init" --short-format bare --short-batch 128 --full-batch 128 --lr 4e-4 \
       --stages "$stages" --warmup 50 --decay-steps 1500 --task-weights "$w" --row-workers 3 ;;
+  w1-llada | w2-dream | w3-grown)
+    # round eight (planned 2026-11-27, README "Twenty-second round", "Next"): the stage that gave the shipped
+    # demo-llada its latin square (v3 on the CPU: latin rows at a third of the mix, padded, lr 1.5e-4) at batch 128,
+    # with sort and shuffle weighted up, the two targets left: from demo-llada (w1); demo-llada converted to Dream as
+    # d2 was, then Dream steps (w2: a Dream with the latin square); demo-llada grown to 5.8M parameters (w3: is it
+    # capacity that makes the latin square compete with sort and shuffle?). $STEPS steps, the last 1,500 decayed.
+    puz=latin_square_n4+sudoku_n4_12+latin_rest
+    w="${weights4/sort=2/sort=8},latin_square_n4=16,latin_rest=12,sudoku_n4_12=6"
+    w=${w/shuffle=2/shuffle=4}
+    stages="full[$ten+missing_first+missing+next+$puz]{share=0.5,pad=1,auxpad=1,icl=0.5,gap=48,auxchat=0,lr=1.5e-4}"
+    stages="$stages:${STEPS:-4000}"
+    arch=llada init=dlm_decode/demo_models/demo-llada
+    case $run in
+    w2-dream)
+      arch=dream init=$runs/w2-init
+      [[ -d $init ]] || "$py" recipes/train_demo/convert.py --llada dlm_decode/demo_models/demo-llada --out "$init" \
+        --query-shift 1 --shift-layers 1 >&2
+      ;;
+    w3-grown)
+      init=$runs/grown-v3
+      [[ -d $init ]] || "$py" recipes/train_demo/grow.py --model dlm_decode/demo_models/demo-llada --out "$init" \
+        --d-model 256 --mlp-hidden 768 --n-layers 6 >&2
+      ;;
+    esac
+    launch "$run" --arch "$arch" --init "$init" --short-format bare --short-batch 128 --full-batch 128 --lr 1.5e-4 \
+      --stages "$stages" --warmup 100 --decay-steps 1500 --task-weights "$w" --row-workers 3 ;;
   *) echo "unknown run $run" >&2; exit 2 ;;
   esac
 done
