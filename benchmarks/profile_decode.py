@@ -3,10 +3,10 @@ published width (``random_models.py``), after one untimed warm-up call.
 
     python benchmarks/profile_decode.py --shape llada-8b --device cuda --dtype bfloat16 --cache none,dual
 
-For each cache it prints the operators with the most device (or, on the CPU, self) time, the share of the wall time
-the device was busy (a low share means the loop waits on the host: launches, syncs, Python), the wall time of one
-bare forward at the full width (prompt + gen) and at one block, and, on CUDA, a bare bf16 matmul's TFLOP/s at the
-MLP's shape as the machine's own yardstick. One JSON line last."""
+For each cache it prints the operators with the most device (or, on the CPU, self) time and the share of the wall
+time the device was busy (a low share means the loop waits on the host: launches, syncs, Python). Before that, the
+median time of one bare forward at the full width (prompt + gen) and at one block (``bench_attention.median_ms``)
+and, on CUDA, a bare bf16 matmul's TFLOP/s at the MLP's shape as the machine's own yardstick. One JSON line last."""
 
 from __future__ import annotations
 
@@ -20,10 +20,12 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from random_models import RANDOM_SHAPES, random_llada  # noqa: E402
+from bench_attention import median_ms  # noqa: E402
+from random_models import RANDOM_SHAPES, random_ids, random_llada  # noqa: E402
 
 import dlm_decode  # noqa: E402
 from dlm_decode.cli import add_compile_arg  # noqa: E402
+from dlm_decode.models.loading import check_device  # noqa: E402
 
 PROMPT, BLOCK = 64, 32
 
@@ -31,19 +33,6 @@ PROMPT, BLOCK = 64, 32
 def _sync(device: str) -> None:
     if device.startswith("cuda"):
         torch.cuda.synchronize()
-
-
-def _wall(fn: Any, device: str, repeats: int) -> float:
-    """Median wall seconds of ``fn()`` over ``repeats`` calls (after one untimed call)."""
-    fn()
-    times = []
-    for _ in range(repeats):
-        _sync(device)
-        t = time.perf_counter()
-        fn()
-        _sync(device)
-        times.append(time.perf_counter() - t)
-    return sorted(times)[len(times) // 2]
 
 
 def profile_cache(model: Any, prompt: torch.Tensor, args: argparse.Namespace, cache: str) -> dict[str, Any]:
@@ -106,14 +95,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         raise SystemExit(f"--cache: comma-separated names from {', '.join(dlm_decode.CACHES)}; got {args.cache!r}")
     if args.sampler not in dlm_decode.SAMPLERS:
         raise SystemExit(f"--sampler must be one of {', '.join(dlm_decode.SAMPLERS)}, got {args.sampler!r}")
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        raise SystemExit("--device cuda: torch sees no CUDA device here")
+    try:
+        check_device(args.device, "--device")
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
+    cuda = args.device.startswith("cuda")
     t = time.perf_counter()
     model = random_llada(args.device, args.shape, args.layers, args.dtype)
     built = time.perf_counter() - t
     g = torch.Generator().manual_seed(0)
-    vocab = model.get_input_embeddings().weight.shape[0]
-    prompt = torch.randint(3, vocab - 2, (args.batch, PROMPT), generator=g).to(args.device)
+    prompt = random_ids(model, args.batch, PROMPT, g)
     result: dict[str, Any] = {
         "bench": "profile_decode",
         "shape": args.shape,
@@ -126,19 +117,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "build_s": built,
         "compile": args.compile,
     }
-    if args.device.startswith("cuda"):
+    if cuda:
         result["gpu"] = torch.cuda.get_device_name()
     with torch.no_grad():
         for n in (PROMPT + args.gen, BLOCK):
-            ids = torch.randint(3, vocab - 2, (args.batch, n), generator=g).to(args.device)
-            result[f"bare_forward_ms_{n}"] = 1e3 * _wall(lambda ids=ids: model(ids), args.device, args.repeats)
+            ids = random_ids(model, args.batch, n, g)
+            result[f"bare_forward_ms_{n}"] = median_ms(lambda ids=ids: model(ids), args.repeats, 1, cuda)
             print(f"bare forward, {n} tokens: {result[f'bare_forward_ms_{n}']:.2f} ms")
-        if args.device.startswith("cuda"):
+        if cuda:
             d, h = model.config.d_model, model.config.mlp_hidden_size
             a = torch.randn(args.batch * (PROMPT + args.gen), d, device=args.device, dtype=model.dtype)
             w = torch.randn(d, h, device=args.device, dtype=model.dtype)
-            s = _wall(lambda: a @ w, args.device, 20)
-            result["matmul_tflops"] = 2 * a.shape[0] * d * h / s / 1e12
+            ms = median_ms(lambda: a @ w, 20, 1, cuda)
+            result["matmul_tflops"] = 2 * a.shape[0] * d * h / ms / 1e9
             print(f"bare matmul [{a.shape[0]}x{d}]x[{d}x{h}]: {result['matmul_tflops']:.0f} TFLOP/s")
         result["caches"] = [profile_cache(model, prompt, args, c) for c in caches]
     print(json.dumps(result))

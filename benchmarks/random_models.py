@@ -40,3 +40,10 @@ def random_llada(device: str, shape: str = "tiny", layers: int | None = None, dt
         head.mul_(40.0 * (128 / dims["d_model"]) ** 0.5)
         head[cfg.mask_token_id] = 0.0
     return model.eval()
+
+
+def random_ids(model: Any, batch: int, length: int, generator: torch.Generator) -> torch.Tensor:
+    """[batch, length] random token ids from 3 up, never the model's MASK, on the model's device."""
+    vocab, mask = model.get_input_embeddings().weight.shape[0], model.mask_token_id
+    ids = torch.randint(3, vocab, (batch, length), generator=generator)
+    return ids.masked_fill(ids == mask, 3).to(next(model.parameters()).device)

@@ -75,7 +75,7 @@ from reference_cached_generate import dual_cache_generate, llada_cached_forward,
 from reference_generate import fastdllm_generate, llada_generate  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the benchmarks' shared modules
-from random_models import RANDOM_SHAPES, random_llada  # noqa: E402
+from random_models import RANDOM_SHAPES, random_ids, random_llada  # noqa: E402
 
 import dlm_decode  # noqa: E402
 from dlm_decode.models.compiled import resolve_mode  # noqa: E402
@@ -202,10 +202,7 @@ def peak_gbps(device: str, given: float | None) -> tuple[float | None, str | Non
 
 def prompts(model: Any, batch: int, seed: int) -> torch.Tensor:
     """[batch, 64] random ids, never MASK; the same for every row count (row i is the same in every batch)."""
-    g = torch.Generator().manual_seed(seed)
-    vocab, mask = model.get_input_embeddings().weight.shape[0], model.mask_token_id
-    ids = torch.randint(3, vocab, (batch, PROMPT_LENGTH), generator=g)
-    return ids.masked_fill(ids == mask, 3).to(next(model.parameters()).device)
+    return random_ids(model, batch, PROMPT_LENGTH, torch.Generator().manual_seed(seed))
 
 
 class Counted:

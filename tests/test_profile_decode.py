@@ -19,8 +19,7 @@ def test_profile_counts_the_decodes_forwards_and_prints_json_last(capsys):
     assert json.loads(printed[-1]) == json.loads(json.dumps(out))
     # the same decode run outside the profiler: the NFE the profile reports is the decode's own
     model = models.random_llada("cpu", "tiny")
-    vocab = model.get_input_embeddings().weight.shape[0]
-    prompt = torch.randint(3, vocab - 2, (1, prof.PROMPT), generator=torch.Generator().manual_seed(0))
+    prompt = models.random_ids(model, 1, prof.PROMPT, torch.Generator().manual_seed(0))
     for row in out["caches"]:
         ref = dlm_decode.generate(
             model,

@@ -19,6 +19,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from dlm_decode.core.files import read_json_object
+
 WEIGHTS = "model.safetensors"
 INCIDENTAL = {"transformers_version", "_name_or_path"}  # config keys that say where a model was saved, not what it is
 
@@ -32,9 +34,9 @@ def _weights(folder: Path, flag: str) -> dict[str, torch.Tensor]:
 
 def _config(folder: Path) -> dict:
     try:
-        return json.loads((folder / "config.json").read_text())
-    except (OSError, ValueError) as e:
-        raise SystemExit(f"{folder / 'config.json'}: cannot read it ({e})") from None
+        return read_json_object(folder / "config.json", "model config")
+    except (OSError, ValueError) as e:  # the message names the file and what is wrong with it
+        raise SystemExit(str(e)) from None
 
 
 def merge(base: Path, add: Path, minus: Path | None, scale: float, out: Path) -> dict[str, float]:
