@@ -933,6 +933,54 @@ def test_latin_rest_rows_give_the_first_rows_and_ask_for_the_rest(mini_pb, tok):
     assert tr.parse_stages("full[latin_rest]:2")[0].tasks == (st.LATIN_REST,)
 
 
+def test_sort_close_rows_sort_people_with_neighbouring_first_names(mini_pb, tok):
+    import random
+
+    from dlm_decode.parallelbench.generator import sample_key
+
+    st, tr = _load("stream"), _load("train")
+    firsts = sorted(NAMES[0])
+    for seed in range(30):
+        people = st.close_people(3, random.Random(seed), NAMES)
+        ranks = sorted(firsts.index(p.split()[0]) for p in people)
+        assert len(set(ranks)) == 3 and ranks[-1] - ranks[0] <= 3 + 2  # a window of 3..6 consecutive first names
+        assert all(p.split()[1] in NAMES[1] for p in people)
+    with pytest.raises(ValueError, match="9 people from 8 first names"):
+        st.close_people(9, random.Random(0), NAMES)
+    stream = st.RowStream(mini_pb, tok, seed=6)
+    rows = stream.rows(1, st.Mix(batch=16, short_share=0.5, tasks=(st.SORT_CLOSE,), bare=True, pad=True))
+    assert {label for _, _, label in rows} == {"short/aux/sort_close", "full/aux/sort_close"}
+    eot = tok.convert_tokens_to_ids("<|eot_id|>")
+    for prompt, resp, label in rows:
+        listed = json.loads(re.findall(r"\[[^\[\]]*\]", tok.decode(prompt))[-1])
+        answer = json.loads(tok.decode(resp[: resp.index(eot)]))
+        assert answer == sorted(listed)  # the row's own list, sorted
+        spread = [firsts.index(p.split()[0]) for p in listed]
+        assert max(spread) - min(spread) <= len(listed) + 2
+        if label.startswith("full/"):  # the official sort chat
+            assert "sort" in tok.decode(prompt).lower() and "<|start_header_id|>" in tok.decode(prompt)
+    # an official (excluded) sample is never produced: with every draw colliding, a clear error
+    sample = stream.samples("waiting_line/sort", 1, seed=3)[0]
+    stream.exclude["waiting_line/sort"] = {sample_key(st.close_sort_sample(sample, random.Random(9), NAMES))}
+    assert (
+        sample_key(stream.variant_sample(st.SORT_CLOSE, sample, random.Random(9)))
+        not in stream.exclude["waiting_line/sort"]
+    )
+
+    class Always(set):
+        def __contains__(self, key):
+            return True
+
+    stream.exclude["waiting_line/sort"] = Always()
+    with pytest.raises(RuntimeError, match="collided"):
+        stream.variant_sample(st.SORT_CLOSE, sample, random.Random(9))
+    # under auxchat=0 the variant still fills official slots, as the sort chat
+    stream = st.RowStream(mini_pb, tok, seed=6)
+    mix = st.Mix(batch=20, short_share=0.5, tasks=("waiting_line/copy", st.SORT_CLOSE), bare=True, aux_chat=False)
+    assert "full/aux/sort_close" in {label for _, _, label in stream.rows(2, mix)}
+    assert tr.parse_stages("full[copy+sort_close]{auxchat=0}:2")[0].tasks == ("waiting_line/copy", st.SORT_CLOSE)
+
+
 def test_rope_columns_margin_separates_column_offsets_only_where_the_frequencies_allow():
     pytest.importorskip("scipy")
     rc = _load("rope_columns")

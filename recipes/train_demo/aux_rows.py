@@ -28,6 +28,12 @@ builds their rows: short, or as a chat; ``probe.py`` reads them back).
   none: with few blanks a cell is the one symbol of the prompt's list that its row and column lack, the exclusion
   the latin square needs at every step (twenty-first round: the twentieth round's model, trained on the official
   rows alone, put the right symbol in a single masked cell 25% of the time, chance).
+* **sort_close rows** (``aux/sort_close``, training only, when a stage names ``sort_close``): sort rows (short, or
+  the official sort chat) whose people's first names lie within a window of n..n+3 consecutive names of the
+  alphabetical first-name list (``close_people``). The sort task orders people by first name; the shipped
+  demo-llada's wrong sorts are valid permutations with pairs of near names inverted (rank distance 1: 12 of 24 such
+  pairs inverted on the official file, chance; distance 10 or more: 1 of 686), and in random lists only ~3% of the
+  pairs are that close. These rows make every comparison a close one (twenty-third round).
 """
 
 from __future__ import annotations
@@ -48,7 +54,11 @@ LAST = "aux/last"
 NEXT = "aux/next"
 LATIN_FILL = "aux/latin_fill"
 LATIN_REST = "aux/latin_rest"
-AUX_TASKS = (LOOKUP, EXCLUDE, MISSING, MISSING_FIRST, LAST, NEXT, LATIN_FILL, LATIN_REST)
+SORT_CLOSE = "aux/sort_close"
+AUX_TASKS = (LOOKUP, EXCLUDE, MISSING, MISSING_FIRST, LAST, NEXT, LATIN_FILL, LATIN_REST, SORT_CLOSE)
+# training-only kinds that are an official task's rows with other operands (its prompt, its rule): they fill a full
+# stage's official slots as that task's chat, also under auxchat=0
+VARIANTS = {SORT_CLOSE: "waiting_line/sort"}
 LATIN_TASKS = (LATIN_FILL, LATIN_REST)  # the training-only kinds asked about a latin-square sample
 LOOKUP_SOURCE = "waiting_line/copy"  # a find row's people are those of a generated copy sample
 LATIN = "puzzle/latin_square_n4"
@@ -116,6 +126,29 @@ def _last_name_answer(query: Sequence[str], answer: Sequence[str]) -> tuple[str,
 
 def _next_name_answer(query: Sequence[str], answer: Sequence[str]) -> tuple[str, str]:
     return '["' + query[0], " " + answer[0] + '"]'  # the answer begun with the first name: '["Cy' + ' Fox"]'
+
+
+def close_people(n: int, rng: random.Random, names: Sequence[Sequence[str]]) -> list[str]:
+    """``n`` people (a random order) whose first names are ``n`` distinct names of a window of ``n``..``n + 3``
+    consecutive names of the alphabetically sorted first names in ``names`` ([first names, last names]); last names
+    drawn at random."""
+    firsts = sorted(set(names[0]))
+    if not 1 <= n <= len(firsts):
+        raise ValueError(f"close_people: {n} people from {len(firsts)} first names")
+    width = min(len(firsts), n + rng.randint(0, 3))
+    start = rng.randrange(len(firsts) - width + 1)
+    return [f"{first} {rng.choice(names[1])}" for first in rng.sample(firsts[start : start + width], n)]
+
+
+def close_sort_sample(sample: Mapping[str, Any], rng: random.Random, names: Sequence[Sequence[str]]) -> dict:
+    """A generated sort ``sample`` with its people replaced by ``close_people`` (as many), its answer their sorted
+    list; the in-context examples stay."""
+    people = close_people(len(json.loads(sample["input"]["context"])), rng, names)
+    return {
+        **sample,
+        "input": {**sample["input"], "context": list_to_str(people)},
+        "answer": list_to_str(sorted(people)),
+    }
 
 
 def latin_fill_grid(square: str, rng: random.Random) -> str:

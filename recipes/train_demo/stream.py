@@ -55,6 +55,10 @@ from aux_rows import (  # noqa: F401 (the row kinds' names and questions, import
     MISSING,
     MISSING_FIRST,
     NEXT,
+    SORT_CLOSE,
+    VARIANTS,
+    close_people,
+    close_sort_sample,
     exclude_query,
     first_names_only,
     last_query,
@@ -194,7 +198,9 @@ class RowStream:
             picks = rng.choices(range(len(mix.tasks)), weights=mix.weights, k=mix.batch)
         else:  # official slots from the official tasks alone (the draw above, unchanged, when aux rows may be chats)
             weights = mix.weights or [1.0] * len(mix.tasks)
-            official = [0.0 if t in AUX_TASKS else w for t, w in zip(mix.tasks, weights, strict=True)]
+            official = [
+                0.0 if t in AUX_TASKS and t not in VARIANTS else w for t, w in zip(mix.tasks, weights, strict=True)
+            ]
             picks = rng.choices(range(len(mix.tasks)), weights=weights, k=n_short)
             picks += rng.choices(range(len(mix.tasks)), weights=official, k=mix.batch - n_short)
         wanted: dict[tuple[str, str], int] = {}
@@ -211,6 +217,20 @@ class RowStream:
                 for s in self.samples(LATIN, n, rng.randrange(2**62)):
                     row = self.latin_aux_row(task, s, gen_length, mix, kind == "full", answer_rng)
                     out.append((*row, f"{kind}/{task}"))
+                continue
+            if task in VARIANTS:
+                source = VARIANTS[task]
+                gen_length = max_new_tokens(source)
+                for s in self.samples(source, n, rng.randrange(2**62), mix.lengths):
+                    s = self.variant_sample(task, s, answer_rng)
+                    target = random_answer(source, s, answer_rng)
+                    if kind == "short":
+                        with_icl = mix.icl > 0 and icl_rng.random() < mix.icl
+                        gap = self.filler(source, gap_rng, mix.gap)
+                        prompt, resp = self.short_row(source, s, target, gen_length, mix, with_icl, gap)
+                    else:
+                        prompt, resp = self.encode(build_messages(self.configs[source], s), target, gen_length)
+                    out.append((prompt, resp, f"{kind}/{task}"))
                 continue
             if task in _AUX:
                 gen_length = max_new_tokens(LOOKUP_SOURCE)
@@ -234,6 +254,16 @@ class RowStream:
             out = self.widen(out, mix.canvas, random.Random(f"canvas/{self.seed}/{step}"))
         rng.shuffle(out)
         return out
+
+    def variant_sample(self, task: str, sample: Mapping[str, Any], rng: random.Random) -> dict:
+        """``sample`` of ``VARIANTS[task]`` with the variant's operands (``aux/sort_close``: close first names), redrawn
+        while it collides with an excluded sample (official test or held-out)."""
+        source = VARIANTS[task]
+        for _ in range(100):
+            out = close_sort_sample(sample, rng, self.names)
+            if sample_key(out) not in self.exclude[source]:
+                return out
+        raise RuntimeError(f"{task}: 100 draws in a row collided with excluded {source} samples")
 
     def widen(
         self, rows: list[tuple[list[int], list[int], str]], canvas: int, rng: random.Random
