@@ -347,3 +347,17 @@ def test_trajectories_keep_only_verified_answers(accept, llada_tok_dir, tmp_path
     for h in held:
         ids = tok.apply_chat_template(json.loads(h["messages"]), add_generation_prompt=True, tokenize=False)
         assert tuple(tok(ids, add_special_tokens=False)["input_ids"]) not in train_prompts
+
+
+@pytest.mark.skipif(not SHARED_DATA.is_dir(), reason="official ParallelBench data not present")
+def test_one_per_step_reference_decodes_each_task_at_its_own_length():
+    from certainty_forcing.evaluate import official_tasks, one_per_step_results
+
+    model, tok = dlm_decode.load_model("demo-llada")
+    tasks = official_tasks(SHARED_DATA, ["waiting_line/copy", "puzzle/sudoku_n4_12"], limit=2)
+    res = one_per_step_results(model, tok, tasks, batch_size=2)
+    copy, sudoku = res["tasks"]["waiting_line/copy"], res["tasks"]["puzzle/sudoku_n4_12"]
+    assert (copy["gen_length"], copy["nfe"], sudoku["gen_length"], sudoku["nfe"]) == (32, 32, 64, 64)
+    assert list(res["tasks"]) == ["waiting_line/copy", "puzzle/sudoku_n4_12"]  # the order asked for
+    assert copy["score"] == 100.0  # the shipped model copies these (a real decode, not a read of scores.json)
+    assert res["nfe"] == 48 and res["score"] == pytest.approx((copy["score"] + sudoku["score"]) / 2, abs=1e-3)

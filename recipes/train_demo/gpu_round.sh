@@ -179,10 +179,12 @@ for run in "$@"; do
     # with sort and shuffle weighted up, the two targets left: from demo-llada (w1); demo-llada converted to Dream as
     # d2 was, then Dream steps (w2: a Dream with the latin square); demo-llada grown to 5.8M parameters (w3: is it
     # capacity that makes the latin square compete with sort and shuffle?). $STEPS steps, the last 1,500 decayed.
+    # Revised 2026-11-27 ("Twenty-third round"): sort's weight split between its own rows and aux/sort_close (sort
+    # rows of neighbouring first names: demo-llada's wrong sorts invert near names at chance), as the CPU run x3.
     puz=latin_square_n4+sudoku_n4_12+latin_rest
-    w="${weights4/sort=2/sort=8},latin_square_n4=16,latin_rest=12,sudoku_n4_12=6"
+    w="${weights4/sort=2/sort=4},sort_close=6,latin_square_n4=16,latin_rest=12,sudoku_n4_12=6"
     w=${w/shuffle=2/shuffle=4}
-    stages="full[$ten+missing_first+missing+next+$puz]{share=0.5,pad=1,auxpad=1,icl=0.5,gap=48,auxchat=0,lr=1.5e-4}"
+    stages="full[$ten+sort_close+missing_first+missing+next+$puz]{share=0.5,pad=1,auxpad=1,icl=0.5,gap=48,auxchat=0,lr=1.5e-4}"
     stages="$stages:${STEPS:-4000}"
     arch=llada init=dlm_decode/demo_models/demo-llada
     case $run in
