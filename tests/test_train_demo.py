@@ -1621,3 +1621,24 @@ def test_merge_refuses_other_lineages_and_overwriting_an_input(tmp_path):
         (tmp_path / "empty").mkdir()
         (tmp_path / "empty" / "config.json").write_text(json.dumps({"model_type": "llada", "d_model": 4}))
         merge.main(["--base", str(base), "--add", str(tmp_path / "empty"), "--out", str(tmp_path / "o")])
+
+
+def test_sort_probe_counts_inverted_pairs_by_first_name_distance():
+    sp = _load("sort_probe")
+    firsts = ["Anna", "Billy", "Carol", "David", "Emma", "Frank", "Grace", "Henry"]  # ranks 0..7
+    lists = [
+        ["Billy Hall", "Anna Gray", "Henry Diaz"],  # pairs at distances 1, 6 (-> 5), 7 (-> 5)
+        ["Carol Adams", "David Baker"],  # distance 1
+        ["Emma Clark", "Anna Hall"],  # distance 4
+    ]
+    answers = [
+        ["Billy Hall", "Anna Gray", "Henry Diaz"],  # a permutation: the neighbours Billy / Anna inverted
+        ["Carol Adams", "David Baker"],  # right
+        ["Emma Clark", "Zed Nobody"],  # not a permutation of its list
+    ]
+    pairs, inverted, other = sp.inversions_by_distance(lists, answers, firsts)
+    assert dict(pairs) == {1: 2, 5: 2, 4: 1} and dict(inverted) == {1: 1} and other == 1
+    # a fully reversed answer inverts every pair; an unparsable one (None) counts as not a permutation
+    pairs, inverted, other = sp.inversions_by_distance([lists[0]], [sorted(lists[0])[::-1]], firsts)
+    assert inverted == pairs and other == 0
+    assert sp.inversions_by_distance([lists[1]], [None], firsts)[2] == 1
