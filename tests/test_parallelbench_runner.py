@@ -330,7 +330,7 @@ def test_bench_speed_interleaves_the_timed_passes(tok_dir, capsys, monkeypatch):
 # symbol once).
 # The bar is what was solved at batch 8, less one on the tasks whose answer is any valid one (random-output tasks,
 # shuffle, sort, latin square), so a near-tie that rounds the other way on another CPU does not fail the test.
-# demo-dream (round seven's u3, mean 85.8): the same cases but the latin square, which it does not solve.
+# demo-dream (x2 of the twenty-third round, mean 92.7): the same cases, re-measured for its weights.
 DEMO_SOLVES = {  # (model, case "task" or "task#label") -> (first official sample, how many of the eight must be solved)
     ("demo-llada", "waiting_line/reverse"): (75, 8),
     ("demo-llada", "waiting_line/copy"): (75, 8),
@@ -347,16 +347,17 @@ DEMO_SOLVES = {  # (model, case "task" or "task#label") -> (first official sampl
     ("demo-llada", "puzzle/latin_square_n4"): (0, 5),
     ("demo-dream", "waiting_line/reverse"): (75, 8),
     ("demo-dream", "waiting_line/copy"): (75, 8),
-    ("demo-dream", "waiting_line/copy#three"): (0, 8),
+    ("demo-dream", "waiting_line/copy#three"): (0, 7),
     ("demo-dream", "waiting_line/insert_index"): (0, 8),
     ("demo-dream", "waiting_line/remove_index"): (0, 8),
     ("demo-dream", "waiting_line/replace_index"): (75, 8),
     ("demo-dream", "waiting_line/shuffle"): (0, 7),
-    ("demo-dream", "waiting_line/insert_random"): (75, 5),
+    ("demo-dream", "waiting_line/insert_random"): (75, 6),
     ("demo-dream", "waiting_line/replace_random"): (75, 6),
-    ("demo-dream", "waiting_line/remove_random"): (0, 6),
+    ("demo-dream", "waiting_line/remove_random"): (0, 7),
     ("demo-dream", "waiting_line/sort"): (0, 7),
     ("demo-dream", "puzzle/sudoku_n4_12"): (0, 7),
+    ("demo-dream", "puzzle/latin_square_n4"): (0, 6),
 }
 
 
