@@ -85,13 +85,18 @@ def evaluate_tasks(
             per_task[task.name] = {k: round(v, 3) if isinstance(v, float) else v for k, v in res.items()}
     finally:
         core.train(was_training)
+    return summarize(per_task, time.perf_counter() - start)
+
+
+def summarize(per_task: dict[str, dict[str, Any]], seconds: float) -> dict[str, Any]:
+    """Means over tasks of score, NFE and tokens per step, with the per-task results and the seconds taken."""
     k = max(len(per_task), 1)
     return {
         "score": round(sum(v["score"] for v in per_task.values()) / k, 3),
         "nfe": round(sum(v["nfe"] for v in per_task.values()) / k, 3),
         "tokens_per_step": round(sum(v["tokens_per_step"] for v in per_task.values()) / k, 3),
         "tasks": per_task,
-        "seconds": round(time.perf_counter() - start, 1),
+        "seconds": round(seconds, 1),
     }
 
 
@@ -118,14 +123,7 @@ def one_per_step_results(model: Any, tokenizer: Any, tasks: Sequence[Any], *, ba
         for gl, group in by_length.items()
     ]
     per_task = {t.name: next(p["tasks"][t.name] for p in parts if t.name in p["tasks"]) for t in tasks}
-    k = max(len(per_task), 1)
-    return {
-        "score": round(sum(v["score"] for v in per_task.values()) / k, 3),
-        "nfe": round(sum(v["nfe"] for v in per_task.values()) / k, 3),
-        "tokens_per_step": round(sum(v["tokens_per_step"] for v in per_task.values()) / k, 3),
-        "tasks": per_task,
-        "seconds": round(sum(p["seconds"] for p in parts), 1),
-    }
+    return summarize(per_task, sum(p["seconds"] for p in parts))
 
 
 def official_tasks(data_dir: str | Path, names: Sequence[str], limit: int | None = None, stride: int = 1) -> list[Any]:

@@ -223,14 +223,10 @@ class RowStream:
                 gen_length = max_new_tokens(source)
                 for s in self.samples(source, n, rng.randrange(2**62), mix.lengths):
                     s = self.variant_sample(task, s, answer_rng)
-                    target = random_answer(source, s, answer_rng)
-                    if kind == "short":
-                        with_icl = mix.icl > 0 and icl_rng.random() < mix.icl
-                        gap = self.filler(source, gap_rng, mix.gap)
-                        prompt, resp = self.short_row(source, s, target, gen_length, mix, with_icl, gap)
-                    else:
-                        prompt, resp = self.encode(build_messages(self.configs[source], s), target, gen_length)
-                    out.append((prompt, resp, f"{kind}/{task}"))
+                    row = self.task_row(
+                        source, kind, s, random_answer(source, s, answer_rng), gen_length, mix, icl_rng, gap_rng
+                    )
+                    out.append((*row, f"{kind}/{task}"))
                 continue
             if task in _AUX:
                 gen_length = max_new_tokens(LOOKUP_SOURCE)
@@ -241,19 +237,34 @@ class RowStream:
                 continue
             gen_length = max_new_tokens(task)
             for s in self.samples(task, n, rng.randrange(2**62), mix.lengths):
-                target = random_answer(task, s, answer_rng)
-                if kind == "short":
-                    # the ICL draw has its own generator, so rows without it are those of earlier runs (resume)
-                    with_icl = mix.icl > 0 and icl_rng.random() < mix.icl
-                    gap = self.filler(task, gap_rng, mix.gap)
-                    prompt, resp = self.short_row(task, s, target, gen_length, mix, with_icl, gap)
-                else:
-                    prompt, resp = self.encode(build_messages(self.configs[task], s), target, gen_length)
-                out.append((prompt, resp, f"{kind}/{task}"))
+                row = self.task_row(
+                    task, kind, s, random_answer(task, s, answer_rng), gen_length, mix, icl_rng, gap_rng
+                )
+                out.append((*row, f"{kind}/{task}"))
         if mix.canvas:
             out = self.widen(out, mix.canvas, random.Random(f"canvas/{self.seed}/{step}"))
         rng.shuffle(out)
         return out
+
+    def task_row(
+        self,
+        task: str,
+        kind: str,
+        sample: Mapping[str, Any],
+        target: str,
+        gen_length: int,
+        mix: Mix,
+        icl_rng: random.Random,
+        gap_rng: random.Random,
+    ) -> tuple[list[int], list[int]]:
+        """A benchmark task's row: ``kind`` "short" (the in-context example with ``mix.icl``'s chance, filler words
+        after the list) or "full" (the official chat)."""
+        if kind != "short":
+            return self.encode(build_messages(self.configs[task], sample), target, gen_length)
+        # the ICL draw has its own generator, so rows without it are those of earlier runs (resume)
+        with_icl = mix.icl > 0 and icl_rng.random() < mix.icl
+        gap = self.filler(task, gap_rng, mix.gap)
+        return self.short_row(task, sample, target, gen_length, mix, with_icl, gap)
 
     def variant_sample(self, task: str, sample: Mapping[str, Any], rng: random.Random) -> dict:
         """``sample`` of ``VARIANTS[task]`` with the variant's operands (``aux/sort_close``: close first names), redrawn
