@@ -56,9 +56,6 @@ LATIN_FILL = "aux/latin_fill"
 LATIN_REST = "aux/latin_rest"
 SORT_CLOSE = "aux/sort_close"
 AUX_TASKS = (LOOKUP, EXCLUDE, MISSING, MISSING_FIRST, LAST, NEXT, LATIN_FILL, LATIN_REST, SORT_CLOSE)
-# training-only kinds that are an official task's rows with other operands (its prompt, its rule): they fill a full
-# stage's official slots as that task's chat, also under auxchat=0
-VARIANTS = {SORT_CLOSE: "waiting_line/sort"}
 LATIN_TASKS = (LATIN_FILL, LATIN_REST)  # the training-only kinds asked about a latin-square sample
 LOOKUP_SOURCE = "waiting_line/copy"  # a find row's people are those of a generated copy sample
 LATIN = "puzzle/latin_square_n4"
@@ -170,6 +167,11 @@ def latin_rest_split(square: str, rng: random.Random) -> tuple[str, str]:
     given = rng.choice((1, 2, 3, 3))
     return "\n".join(rows[:given]) + "\n", "\n".join(rows[given:])
 
+
+# training-only kinds that are an official task's rows with other operands (its prompt, its rule): the task, and
+# (its generated sample, rng, names) -> the variant's sample; they fill a full stage's official slots as that task's
+# chat, also under auxchat=0
+VARIANTS = {SORT_CLOSE: ("waiting_line/sort", close_sort_sample)}
 
 # the training-only row kinds: the sample they are asked about (sample -> sample), their query (sample, rng) ->
 # (query list, answer list), the word of their line, and (query, answer) -> (the answer's given start, the text to

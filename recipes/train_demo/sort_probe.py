@@ -7,7 +7,8 @@ official sort sample one token per step (``low_confidence``, steps = gen length)
 permutations of the list counts the pairs in the wrong order, grouped by the distance of their two first names in
 the alphabetical list of the names file (1: neighbours); beside it, how many pairs of each distance the file holds.
 ``--close N`` also decodes N fresh official-format sort prompts whose people have neighbouring first names
-(``aux_rows.close_sort_sample``, the ``aux/sort_close`` rows) and reports exact matches. One JSON line last.
+(``aux_rows.close_sort_sample``, the ``aux/sort_close`` rows) the same way and reports how many it solves. One
+JSON line last.
 ("Twenty-third round" in the README: the shipped demo-llada inverts neighbours at chance.)
 """
 
@@ -84,7 +85,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     import dlm_decode
     from dlm_decode.parallelbench.generator import load_names
     from dlm_decode.parallelbench.runner import run_task
-    from dlm_decode.parallelbench.tasks import build_messages, load_task
+    from dlm_decode.parallelbench.tasks import Task, load_task
 
     torch.set_num_threads(args.threads)
     model, tok = dlm_decode.load_model(args.model)
@@ -101,26 +102,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "inverted_by_distance": {f"{d}{'+' if d == FAR else ''}": [inverted[d], pairs[d]] for d in sorted(pairs)},
         "wrong_not_permutation": other,
     }
-    if args.close:
+    if args.close:  # decoded and scored as the official samples are
         from stream import RowStream, close_sort_sample
 
         stream = RowStream(pb, tok, seed=args.seed)
         rng = random.Random(args.seed)
         samples = [close_sort_sample(s, rng, names) for s in stream.samples("waiting_line/sort", args.close, args.seed)]
-        gen = dlm_decode.generate(
-            model,
-            [build_messages(task.config, s) for s in samples],
-            tokenizer=tok,
-            chat=True,
-            sampler="low_confidence",
-            gen_length=32,
-            block_length=32,
-            steps=32,
-        )
-        exact = sum(
-            _parse((t or "").strip()) == json.loads(s["answer"]) for t, s in zip(gen.texts, samples, strict=True)
-        )
-        out["sort_close_exact"] = [exact, args.close]
+        close = run_task(model, tok, Task(task.name, task.config, samples), decoding, batch_size=50)
+        out["sort_close_exact"] = [sum(o["score"] == 1.0 for o in close.outputs), args.close]
     for d, (inv, n) in out["inverted_by_distance"].items():
         print(f"first-name distance {d:>3}: {inv:4d} of {n:4d} pairs inverted")
     print(json.dumps(out))

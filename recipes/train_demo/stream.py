@@ -218,16 +218,6 @@ class RowStream:
                     row = self.latin_aux_row(task, s, gen_length, mix, kind == "full", answer_rng)
                     out.append((*row, f"{kind}/{task}"))
                 continue
-            if task in VARIANTS:
-                source = VARIANTS[task]
-                gen_length = max_new_tokens(source)
-                for s in self.samples(source, n, rng.randrange(2**62), mix.lengths):
-                    s = self.variant_sample(task, s, answer_rng)
-                    row = self.task_row(
-                        source, kind, s, random_answer(source, s, answer_rng), gen_length, mix, icl_rng, gap_rng
-                    )
-                    out.append((*row, f"{kind}/{task}"))
-                continue
             if task in _AUX:
                 gen_length = max_new_tokens(LOOKUP_SOURCE)
                 for s in self.samples(LOOKUP_SOURCE, n, rng.randrange(2**62), mix.lengths):
@@ -235,10 +225,13 @@ class RowStream:
                     row = self.lookup_row(s, gen_length, mix, kind == "full", answer_rng, gap, task)
                     out.append((*row, f"{kind}/{task}"))
                 continue
-            gen_length = max_new_tokens(task)
-            for s in self.samples(task, n, rng.randrange(2**62), mix.lengths):
+            source = VARIANTS[task][0] if task in VARIANTS else task  # a variant is built as its task's rows
+            gen_length = max_new_tokens(source)
+            for s in self.samples(source, n, rng.randrange(2**62), mix.lengths):
+                if task in VARIANTS:
+                    s = self.variant_sample(task, s, answer_rng)
                 row = self.task_row(
-                    task, kind, s, random_answer(task, s, answer_rng), gen_length, mix, icl_rng, gap_rng
+                    source, kind, s, random_answer(source, s, answer_rng), gen_length, mix, icl_rng, gap_rng
                 )
                 out.append((*row, f"{kind}/{task}"))
         if mix.canvas:
@@ -267,11 +260,11 @@ class RowStream:
         return self.short_row(task, sample, target, gen_length, mix, with_icl, gap)
 
     def variant_sample(self, task: str, sample: Mapping[str, Any], rng: random.Random) -> dict:
-        """``sample`` of ``VARIANTS[task]`` with the variant's operands (``aux/sort_close``: close first names), redrawn
-        while it collides with an excluded sample (official test or held-out)."""
-        source = VARIANTS[task]
+        """``sample`` of ``VARIANTS[task]``'s task with the variant's operands (``aux/sort_close``: close first names),
+        redrawn while it collides with an excluded sample (official test or held-out)."""
+        source, make = VARIANTS[task]
         for _ in range(100):
-            out = close_sort_sample(sample, rng, self.names)
+            out = make(sample, rng, self.names)
             if sample_key(out) not in self.exclude[source]:
                 return out
         raise RuntimeError(f"{task}: 100 draws in a row collided with excluded {source} samples")
