@@ -1642,3 +1642,100 @@ def test_sort_probe_counts_inverted_pairs_by_first_name_distance():
     pairs, inverted, other = sp.inversions_by_distance([lists[0]], [sorted(lists[0])[::-1]], firsts)
     assert inverted == pairs and other == 0
     assert sp.inversions_by_distance([lists[1]], [None], firsts)[2] == 1
+
+
+def _self_file(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def _self_row(st, tok, mini_pb, task: str, sample: dict, target: str) -> dict:
+    """A row as trajectories.py writes it: the chat prompt ids and the canvas of a verified answer."""
+    from dlm_decode.parallelbench.tasks import load_task, max_new_tokens
+
+    config = load_task(mini_pb, task, limit=0).config
+    prompt, resp = st.encode_row(tok, build_messages(config, sample), target, max_new_tokens(task))
+    return {"task": task, "prompt_ids": prompt, "response_ids": resp, "text": target, "score": 1.0}
+
+
+def test_self_rows_are_verified_answers_and_never_an_official_prompt(mini_pb, tok, tmp_path):
+    from dlm_decode.parallelbench.generator import random_answer
+    from dlm_decode.parallelbench.tasks import load_task, max_new_tokens
+
+    st, sr = _load("stream"), _load("self_rows")
+    import random
+
+    task = "waiting_line/shuffle"
+    fresh = st.RowStream(mini_pb, tok, seed=0).samples(task, 3, seed=77)
+    official = load_task(mini_pb, task).samples[0]
+    rng = random.Random(0)
+    good = [_self_row(st, tok, mini_pb, task, s, random_answer(task, s, rng)) for s in fresh]
+    leak = _self_row(st, tok, mini_pb, task, official, random_answer(task, official, rng))
+    path = _self_file(tmp_path / "a.jsonl", [*good, leak])
+    canvas = {t: max_new_tokens(t) for t in st.TASKS}
+    excluded = st.excluded_prompts(mini_pb, tok, {})
+    assert tuple(leak["prompt_ids"]) in excluded and not any(tuple(r["prompt_ids"]) in excluded for r in good)
+    rows, meta = sr.load_self_rows([path], vocab_size=len(tok), canvas=canvas, excluded_prompts=excluded)
+    assert rows == [(r["prompt_ids"], r["response_ids"], task) for r in good]
+    assert meta == {"rows": 3, "per_task": {task: 3}, "dropped_excluded": 1}
+    # what cannot be a training target is refused, naming the file and the line
+    bad = {
+        "unverified": {**good[0], "score": 0.5},
+        "canvas is 32": {**good[0], "response_ids": good[0]["response_ids"][:-1]},
+        "unknown task": {**good[0], "task": "waiting_line/juggle"},
+        "outside the tokenizer": {**good[0], "prompt_ids": [len(tok), *good[0]["prompt_ids"]]},
+        "not a trajectories.py row": {"task": task},
+    }
+    for message, row in bad.items():
+        p = _self_file(tmp_path / "bad.jsonl", [good[1], row])
+        with pytest.raises(ValueError, match=rf"bad.jsonl, line 2: .*{message}"):
+            sr.load_self_rows([p], vocab_size=len(tok), canvas=canvas, excluded_prompts=excluded)
+    with pytest.raises(ValueError, match="no usable row"):
+        only_leak = _self_file(tmp_path / "b.jsonl", [leak])
+        sr.load_self_rows([only_leak], vocab_size=len(tok), canvas=canvas, excluded_prompts=excluded)
+    with pytest.raises(ValueError, match="is not a file"):
+        sr.load_self_rows([tmp_path / "none.jsonl"], vocab_size=len(tok), canvas=canvas, excluded_prompts=excluded)
+
+    # the stream draws them reproducibly, in official slots also under auxchat=0, beside the generated rows
+    stream = st.RowStream(mini_pb, tok, seed=4, self_rows=rows)
+    mix = st.Mix(batch=24, short_share=0.5, tasks=("waiting_line/copy", st.SELF), bare=True, aux_chat=False)
+    drawn = stream.rows(3, mix)
+    assert drawn == st.RowStream(mini_pb, tok, seed=4, self_rows=rows).rows(3, mix)
+    mine = [(p, r) for p, r, label in drawn if label.endswith("/aux/self")]
+    assert "full/aux/self" in {label for _, _, label in drawn} and mine
+    assert all((p, r, task) in rows for p, r in mine)
+    assert {label for _, _, label in drawn} >= {"full/waiting_line/copy"}
+    with pytest.raises(ValueError, match="no self rows"):
+        st.RowStream(mini_pb, tok, seed=4).rows(3, mix)
+
+
+def test_train_takes_self_rows_only_with_a_stage_that_names_them_and_resumes_only_on_the_same(tok, tmp_path, mini_pb):
+    import random
+
+    from dlm_decode.parallelbench.generator import random_answer
+
+    st, tr = _load("stream"), _load("train")
+    task = "waiting_line/shuffle"
+    fresh = st.RowStream(mini_pb, tok, seed=0).samples(task, 4, seed=78)
+    rng = random.Random(1)
+    path = _self_file(
+        tmp_path / "self.jsonl", [_self_row(st, tok, mini_pb, task, s, random_answer(task, s, rng)) for s in fresh]
+    )
+    base = ["--tokenizer", "t", "--out", "o"]
+    with pytest.raises(SystemExit):  # a stage names self, no files
+        tr.parse_args([*base, "--stages", "full[copy+self]:2"])
+    with pytest.raises(SystemExit):  # files, no stage that names self
+        tr.parse_args([*base, "--stages", "full[copy]:2", "--self-rows", str(path)])
+    with pytest.raises(SystemExit):
+        tr.parse_args([*base, "--stages", "full[copy+self]:2", "--self-rows", str(tmp_path / "none.jsonl")])
+    common = [*_tiny_run_args(tok, tmp_path, mini_pb), "--stages", "full[copy+self]{auxchat=0}:3"]
+    common += ["--full-batch", "6", "--save-every", "1", "--eval-every", "0", "--warmup", "1", "--export-every", "0"]
+    common += ["--out", str(tmp_path / "r"), "--task-weights", "self=3"]
+    tr.main([*common, "--self-rows", str(path), "--stop-after", "2"])
+    meta = json.loads((tmp_path / "r" / "run.json").read_text())["self_rows"]
+    assert meta["rows"] == 4 and meta["dropped_excluded"] == 0 and len(meta["sha256"]) == 64
+    other = _self_file(tmp_path / "other.jsonl", [json.loads(x) for x in path.read_text().splitlines()[:3]])
+    with pytest.raises(SystemExit, match="other self rows"):
+        tr.main([*common, "--self-rows", str(other), "--resume"])
+    tr.main([*common, "--self-rows", str(path), "--resume"])
+    assert [json.loads(x)["step"] for x in (tmp_path / "r" / "log.jsonl").read_text().splitlines()] == [1, 2, 3]

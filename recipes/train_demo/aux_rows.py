@@ -34,6 +34,9 @@ builds their rows: short, or as a chat; ``probe.py`` reads them back).
   demo-llada's wrong sorts are valid permutations with pairs of near names inverted (rank distance 1: 12 of 24 such
   pairs inverted on the official file, chance; distance 10 or more: 1 of 686), and in random lists only ~3% of the
   pairs are that close. These rows make every comparison a close one (twenty-third round).
+* **self rows** (``aux/self``, training only, when a stage names ``self`` and ``--self-rows`` gives their files): the
+  model's own verified one-token-per-step answers to fresh official-format prompts (``self_rows.py``), as chats;
+  like a variant they fill official slots, also under ``auxchat=0`` (twenty-fourth round).
 """
 
 from __future__ import annotations
@@ -55,7 +58,8 @@ NEXT = "aux/next"
 LATIN_FILL = "aux/latin_fill"
 LATIN_REST = "aux/latin_rest"
 SORT_CLOSE = "aux/sort_close"
-AUX_TASKS = (LOOKUP, EXCLUDE, MISSING, MISSING_FIRST, LAST, NEXT, LATIN_FILL, LATIN_REST, SORT_CLOSE)
+SELF = "aux/self"  # rows read from files of the model's own verified answers (self_rows.py), not generated here
+AUX_TASKS = (LOOKUP, EXCLUDE, MISSING, MISSING_FIRST, LAST, NEXT, LATIN_FILL, LATIN_REST, SORT_CLOSE, SELF)
 LATIN_TASKS = (LATIN_FILL, LATIN_REST)  # the training-only kinds asked about a latin-square sample
 LOOKUP_SOURCE = "waiting_line/copy"  # a find row's people are those of a generated copy sample
 LATIN = "puzzle/latin_square_n4"

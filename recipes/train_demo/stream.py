@@ -55,6 +55,7 @@ from aux_rows import (  # noqa: F401 (the row kinds' names and questions, import
     MISSING,
     MISSING_FIRST,
     NEXT,
+    SELF,
     SORT_CLOSE,
     VARIANTS,
     close_people,
@@ -171,8 +172,11 @@ class RowStream:
         tokenizer: Any,
         seed: int,
         exclude: Mapping[str, set] | None = None,
+        self_rows: Sequence[tuple[list[int], list[int], str]] = (),
     ) -> None:
         self.tok = tokenizer
+        # aux/self's rows (self_rows.load_self_rows: prompt ids, response ids, task), drawn by index per step
+        self.self_rows = list(self_rows)
         self.seed = seed
         self.names = load_names(Path(data_dir) / "first_last_names.yaml")
         self.configs = {t: load_task(data_dir, t, limit=0).config for t in TASKS}
@@ -199,7 +203,8 @@ class RowStream:
         else:  # official slots from the official tasks alone (the draw above, unchanged, when aux rows may be chats)
             weights = mix.weights or [1.0] * len(mix.tasks)
             official = [
-                0.0 if t in AUX_TASKS and t not in VARIANTS else w for t, w in zip(mix.tasks, weights, strict=True)
+                0.0 if t in AUX_TASKS and t not in VARIANTS and t != SELF else w
+                for t, w in zip(mix.tasks, weights, strict=True)
             ]
             picks = rng.choices(range(len(mix.tasks)), weights=weights, k=n_short)
             picks += rng.choices(range(len(mix.tasks)), weights=official, k=mix.batch - n_short)
@@ -212,6 +217,13 @@ class RowStream:
         gap_rng = random.Random(f"gap/{self.seed}/{step}")
         for (kind, task), n in sorted(wanted.items()):
             answer_rng = random.Random(rng.randrange(2**62))
+            if task == SELF:  # official chats with the model's own verified answers, in a short slot too
+                if not self.self_rows:
+                    raise ValueError("a stage names self, but the stream has no self rows (train.py --self-rows)")
+                for i in answer_rng.choices(range(len(self.self_rows)), k=n):
+                    prompt, resp, _ = self.self_rows[i]
+                    out.append((list(prompt), list(resp), f"{kind}/{task}"))
+                continue
             if task in LATIN_TASKS:
                 gen_length = max_new_tokens(LATIN)
                 for s in self.samples(LATIN, n, rng.randrange(2**62)):
@@ -431,6 +443,17 @@ def official_keys(data_dir: str | Path) -> dict[str, set]:
     from data import official_keys as keys_per_task  # recipes/train_demo/data.py
 
     return keys_per_task(data_dir, list(TASKS))
+
+
+def excluded_prompts(data_dir: str | Path, tok: Any, held: Mapping[str, Sequence[dict]]) -> set[tuple[int, ...]]:
+    """The chat prompt ids (as ``dlm_decode.generate`` builds them) of every official test sample and every ``held``
+    sample: what a file of self rows (``self_rows.py``) must not contain."""
+    out: set[tuple[int, ...]] = set()
+    for task in TASKS:
+        loaded = load_task(data_dir, task)
+        for s in [*loaded.samples, *held.get(task, ())]:
+            out.add(tuple(chat_prompt_ids(tok, build_messages(loaded.config, s))))
+    return out
 
 
 def keys_of(samples: Mapping[str, Sequence[dict]]) -> dict[str, set]:

@@ -547,6 +547,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--weight-decay", type=float, default=0.1)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument(
+        "--self-rows",
+        nargs="+",
+        default=[],
+        metavar="JSONL",
+        help="the rows of a stage that names self (aux/self): recipes/certainty_forcing/trajectories.py train.jsonl "
+        "files of the model's own verified answers; official and held-out prompts in them are dropped",
+    )
+    ap.add_argument(
         "--eval-every",
         type=int,
         default=500,
@@ -610,6 +618,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         ap.error(f"--row-workers must be >= 0, got {args.row_workers}")
     args.stage_list = parse_stages(args.stages)
     args.weights = parse_weights(args.task_weights)
+    from stream import SELF
+
+    names_self = any(SELF in (st.tasks or ()) for st in args.stage_list)
+    if names_self and not args.self_rows:
+        ap.error("--stages names self; give the files of its rows with --self-rows (trajectories.py's train.jsonl)")
+    if args.self_rows and not names_self:
+        ap.error("--self-rows given, but no stage names self (e.g. full[TEN+self]:N)")
+    for p in args.self_rows:
+        if not Path(p).is_file():
+            ap.error(f"--self-rows: {p} is not a file (give trajectories.py's train.jsonl)")
     return args
 
 
@@ -711,7 +729,25 @@ def main(argv: list[str] | None = None) -> None:
     held = heldout(args.parallelbench, EVAL_SEED, args.eval_samples, official)
     held_keys = keys_of(held)
     exclude = {t: official[t] | held_keys[t] for t in TASKS}
-    stream = RowStream(args.parallelbench, tok, args.seed, exclude=exclude)
+    self_rows, self_meta = [], None
+    if args.self_rows:
+        from self_rows import file_digest, load_self_rows
+        from stream import excluded_prompts
+
+        from dlm_decode.parallelbench.tasks import max_new_tokens
+
+        try:
+            self_rows, self_meta = load_self_rows(
+                args.self_rows,
+                vocab_size=len(tok),
+                canvas={t: max_new_tokens(t) for t in TASKS},
+                excluded_prompts=excluded_prompts(args.parallelbench, tok, held),
+            )
+        except ValueError as e:
+            raise SystemExit(str(e)) from None
+        self_meta["sha256"] = file_digest(args.self_rows)
+        accelerator.print(f"self rows: {self_meta}")
+    stream = RowStream(args.parallelbench, tok, args.seed, exclude=exclude, self_rows=self_rows)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # the row workers are forked from this process
     source = RowSource(stream, args.row_workers)
     evals = {
@@ -806,6 +842,15 @@ def main(argv: list[str] | None = None) -> None:
         "params": n_params,
         "args": {k: v for k, v in vars(args).items() if k not in ("stage_list", "weights", "train_patterns")},
     }
+    if self_meta is not None:
+        meta["self_rows"] = self_meta
+    if ckpt is not None and (run_dir / "run.json").is_file():  # the same batches need the same self rows
+        before = (json.loads((run_dir / "run.json").read_text()).get("self_rows") or {}).get("sha256")
+        if before != (self_meta or {}).get("sha256"):
+            raise SystemExit(
+                f"--resume: the run in {run_dir} trained on other self rows (sha256 {before}); give the same "
+                "--self-rows files, or start a new --out"
+            )
     if args.init:  # the architecture is the initial model's
         meta["init"] = args.init
         meta["config"] = accelerator.unwrap_model(model).config.to_dict()

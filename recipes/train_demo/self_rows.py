@@ -1,0 +1,90 @@
+"""Self rows (``aux/self``): the model's own verified answers as training targets (rejection-sampling fine-tuning).
+
+A random-output task (shuffle, insert / remove / replace at random) has many valid answers, and the training rows
+draw a fresh one per row (``random_answer``): the target the model sees for a prompt is a distribution, and a model
+that learned it only in part decodes, one token per step, mixtures of several answers (a person written twice, a
+first name paired with another's last name). Self rows give such a task one answer per prompt that the model itself
+already prefers: ``recipes/certainty_forcing/trajectories.py`` decodes fresh, non-official prompts with the model one
+token per step and keeps an answer only when the task's verifier accepts it; a stage that names ``self`` trains on
+those (prompt, answer) pairs with the ordinary objective, beside the generated rows that keep every other skill.
+This is the data of rejection-sampling fine-tuning (Yuan et al., 2023, "Scaling Relationship on Learning
+Mathematical Reasoning with Large Language Models"; STaR, Zelikman et al., 2022): the certainty-forcing runs on
+these models, whose targets are the same trajectories, lifted shuffle from 80 to 91-95 one token per step
+(``recipes/certainty_forcing/README.md``) while their LoRA and certainty loss cost the puzzles.
+
+The other rows keep their real diversity, and the self rows are valid answers of the task: what the parallel
+samplers get wrong on these tasks (two positions filled from two different answers) is still there to measure.
+
+``load_self_rows`` reads ``train.jsonl`` files of ``trajectories.py`` (task, prompt_ids, response_ids, score) and
+refuses rows a stage must not train on: an unverified answer (``--keep-unverified`` runs), a response whose length is
+not its task's canvas, an unknown task, token ids outside the tokenizer, and any prompt equal, token for token, to the
+prompt of an excluded sample (the official test samples and the held-out evaluation samples), checked here against
+the prompts this tokenizer builds for them, not taken on trust from the file's producer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+Row = tuple[list[int], list[int], str]  # (prompt ids, response ids, task)
+
+
+def file_digest(paths: Iterable[str | Path]) -> str:
+    """sha256 over the files' bytes in order: a resumed run must train on the same self rows."""
+    h = hashlib.sha256()
+    for p in paths:
+        h.update(Path(p).read_bytes())
+    return h.hexdigest()
+
+
+def load_self_rows(
+    paths: Sequence[str | Path],
+    *,
+    vocab_size: int,
+    canvas: Mapping[str, int],
+    excluded_prompts: set[tuple[int, ...]],
+) -> tuple[list[Row], dict[str, Any]]:
+    """The rows of ``paths`` (``trajectories.py`` ``train.jsonl`` files) and a summary (rows per task, dropped).
+
+    ``canvas``: task -> its response length (the official gen length); ``excluded_prompts``: prompt ids that must
+    never be trained on. Raises ``ValueError`` naming the file and line for a row that cannot be a training target
+    of this model; a prompt equal to an excluded one is dropped and counted (its sample was drawn independently of
+    the exclusion list)."""
+    rows: list[Row] = []
+    per_task: dict[str, int] = {}
+    dropped = 0
+    for path in paths:
+        path = Path(path)
+        if not path.is_file():
+            raise ValueError(f"--self-rows: {path} is not a file (give trajectories.py's train.jsonl)")
+        with open(path) as f:
+            for n, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                where = f"--self-rows {path}, line {n}"
+                try:
+                    r = json.loads(line)
+                    task, prompt, resp, score = r["task"], r["prompt_ids"], r["response_ids"], r["score"]
+                except (json.JSONDecodeError, KeyError) as e:
+                    raise ValueError(f"{where}: not a trajectories.py row ({e})") from None
+                if task not in canvas:
+                    raise ValueError(f"{where}: unknown task {task!r}; allowed: {', '.join(sorted(canvas))}")
+                if score != 1.0:
+                    raise ValueError(f"{where}: an unverified answer (score {score}); self rows must be verified")
+                if len(resp) != canvas[task]:
+                    raise ValueError(f"{where}: response of {len(resp)} tokens, {task}'s canvas is {canvas[task]}")
+                ids = [*prompt, *resp]
+                if not ids or min(ids) < 0 or max(ids) >= vocab_size:
+                    raise ValueError(f"{where}: token ids outside the tokenizer's {vocab_size}")
+                if tuple(prompt) in excluded_prompts:
+                    dropped += 1
+                    continue
+                rows.append((list(prompt), list(resp), task))
+                per_task[task] = per_task.get(task, 0) + 1
+    if not rows:
+        raise ValueError(f"--self-rows: no usable row in {', '.join(map(str, paths))}")
+    return rows, {"rows": len(rows), "per_task": per_task, "dropped_excluded": dropped}
