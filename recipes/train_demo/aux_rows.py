@@ -176,6 +176,9 @@ def latin_rest_split(square: str, rng: random.Random) -> tuple[str, str]:
 # (its generated sample, rng, names) -> the variant's sample; they fill a full stage's official slots as that task's
 # chat, also under auxchat=0
 VARIANTS = {SORT_CLOSE: ("waiting_line/sort", close_sort_sample)}
+# the training-only kinds whose rows are an official task's chat (the variants, and the model's own answers to
+# official-format prompts): they may fill a full stage's official slots, also under auxchat=0
+OFFICIAL_CHAT_KINDS = frozenset((*VARIANTS, SELF))
 
 # the training-only row kinds: the sample they are asked about (sample -> sample), their query (sample, rng) ->
 # (query list, answer list), the word of their line, and (query, answer) -> (the answer's given start, the text to

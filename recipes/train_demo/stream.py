@@ -55,6 +55,7 @@ from aux_rows import (  # noqa: F401 (the row kinds' names and questions, import
     MISSING,
     MISSING_FIRST,
     NEXT,
+    OFFICIAL_CHAT_KINDS,
     SELF,
     SORT_CLOSE,
     VARIANTS,
@@ -203,7 +204,7 @@ class RowStream:
         else:  # official slots from the official tasks alone (the draw above, unchanged, when aux rows may be chats)
             weights = mix.weights or [1.0] * len(mix.tasks)
             official = [
-                0.0 if t in AUX_TASKS and t not in VARIANTS and t != SELF else w
+                0.0 if t in AUX_TASKS and t not in OFFICIAL_CHAT_KINDS else w
                 for t, w in zip(mix.tasks, weights, strict=True)
             ]
             picks = rng.choices(range(len(mix.tasks)), weights=weights, k=n_short)

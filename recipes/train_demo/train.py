@@ -747,6 +747,14 @@ def main(argv: list[str] | None = None) -> None:
             raise SystemExit(str(e)) from None
         self_meta["sha256"] = file_digest(args.self_rows)
         accelerator.print(f"self rows: {self_meta}")
+    # the same batches need the same self rows: checked before the model and the checkpoint are loaded
+    if args.resume and latest_checkpoint(run_dir) is not None and (run_dir / "run.json").is_file():
+        before = (json.loads((run_dir / "run.json").read_text()).get("self_rows") or {}).get("sha256")
+        if before != (self_meta or {}).get("sha256"):
+            raise SystemExit(
+                f"--resume: the run in {run_dir} trained on other self rows (sha256 {before}); give the same "
+                "--self-rows files, or start a new --out"
+            )
     stream = RowStream(args.parallelbench, tok, args.seed, exclude=exclude, self_rows=self_rows)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # the row workers are forked from this process
     source = RowSource(stream, args.row_workers)
@@ -844,13 +852,6 @@ def main(argv: list[str] | None = None) -> None:
     }
     if self_meta is not None:
         meta["self_rows"] = self_meta
-    if ckpt is not None and (run_dir / "run.json").is_file():  # the same batches need the same self rows
-        before = (json.loads((run_dir / "run.json").read_text()).get("self_rows") or {}).get("sha256")
-        if before != (self_meta or {}).get("sha256"):
-            raise SystemExit(
-                f"--resume: the run in {run_dir} trained on other self rows (sha256 {before}); give the same "
-                "--self-rows files, or start a new --out"
-            )
     if args.init:  # the architecture is the initial model's
         meta["init"] = args.init
         meta["config"] = accelerator.unwrap_model(model).config.to_dict()
