@@ -95,6 +95,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--vr-steps", type=int, default=256, help="with --versus-reference: the fixed schedule's steps")
     p.add_argument(
+        "--vr-graphs",
+        action="store_true",
+        help="with --versus-reference: a further side, generate(cuda_graphs=True) (step graphs; versus_reference.py)",
+    )
+    p.add_argument(
         "--vr-size",
         default="demo",
         choices=versus_reference.SIZES,
@@ -148,6 +153,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--repeats, --prompts, --batch-size and --vr-steps must be >= 1 and --warmup >= 0")
     if args.compile and args.warmup < 1:
         p.error("--compile needs --warmup >= 1 (compiling happens there, untimed)")
+    if args.vr_graphs and not args.versus_reference:
+        p.error("--vr-graphs needs --versus-reference (it adds a side to that comparison)")
     if not args.versus_reference:
         args.model = args.model or "demo-llada"
     return args

@@ -51,6 +51,11 @@ equal the eager side's, and compiled / eager tokens/s, by wall-clock and by the 
 other jobs load the machine). Compiling happens in the warm-up passes (at least one is needed), outside the timed
 repeats; the JSON reports dynamo's compile seconds (``_compile.compile_inner``, summed), the graphs compiled, and each
 configuration's first-pass seconds of every side.
+
+``--vr-graphs`` adds another such side, ``dlm_decode.generate(cuda_graphs=True)`` (``dlm_decode/models/graphs.py``:
+a block's cached steps replayed as CUDA graphs on a GPU; the same fixed-shape steps, uncaptured, on a CPU): its
+tokens/s over eager and over the reference, its ms per forward and roofline share, and whether its tokens equal the
+eager side's. Graphs live for one call, so each timed call records its own (a block's second cached step).
 """
 
 from __future__ import annotations
@@ -242,9 +247,16 @@ def run_reference(
 
 
 def run_ours(
-    model: Any, row: Row, prompt: torch.Tensor, gen: int, steps: int, compile: bool | str = False
+    model: Any,
+    row: Row,
+    prompt: torch.Tensor,
+    gen: int,
+    steps: int,
+    compile: bool | str = False,
+    cuda_graphs: bool = False,
 ) -> tuple[torch.Tensor, int]:
-    """(tokens [B, T], NFE) of ``dlm_decode.generate`` for the same algorithm (``compile``: its option)."""
+    """(tokens [B, T], NFE) of ``dlm_decode.generate`` for the same algorithm (``compile``, ``cuda_graphs``: its
+    options)."""
     out = dlm_decode.generate(
         model,
         prompt,
@@ -256,6 +268,7 @@ def run_ours(
         steps=steps if row.fixed else None,
         temperature=0.0,
         compile=compile,
+        cuda_graphs=cuda_graphs,
     )
     return out.sequences, out.nfe
 
@@ -293,14 +306,20 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
     configs = parse_configs(args.vr_configs)
     rows = parse_rows(getattr(args, "vr_rows", None))
     compile = getattr(args, "compile", None)
+    graphs = getattr(args, "vr_graphs", False)
     if compile and args.warmup < 1:
         raise SystemExit("--compile needs --warmup >= 1: compiling happens in the warm-up passes, untimed")
     model, described = load(args)
     cuda = next(model.parameters()).is_cuda
     sides = [("reference", functools.partial(run_reference, model, reference_forward(model)))]
     sides.append(("ours", functools.partial(run_ours, model)))
+    variants = []  # sides that are ours with one option more: compared with ours and with the reference
     if compile:
+        variants.append("compiled")
         sides.append(("compiled", functools.partial(run_ours, model, compile=compile)))
+    if graphs:
+        variants.append("graphed")
+        sides.append(("graphed", functools.partial(run_ours, model, cuda_graphs=True)))
     names = [side for side, _ in sides]
     cases = [(gen, batch, row) for gen, batch in configs for row in rows]
     times: dict[int, dict[str, list[float]]] = {i: {side: [] for side in names} for i in range(len(cases))}
@@ -326,19 +345,22 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
         (ref_x, ref_nfe), (our_x, our_nfe) = seen[i]["reference"], seen[i]["ours"]
         tps = {side: gen * batch / statistics.median(times[i][side]) for side in names}
         extra: dict[str, Any] = {}
-        if compile:
-            com_x, com_nfe = seen[i]["compiled"]
-            extra = {
-                "nfe_compiled": com_nfe,
-                "tokens_per_s_compiled": tps["compiled"],
-                "seconds_compiled": times[i]["compiled"],
-                "compiled_identical_to_ours": bool(torch.equal(com_x, our_x)) and com_nfe == our_nfe,
-                "compiled_over_ours": tps["compiled"] / tps["ours"],
+        for v in variants:
+            v_x, v_nfe = seen[i][v]
+            v_seconds = statistics.median(times[i][v])
+            extra |= {
+                f"nfe_{v}": v_nfe,
+                f"tokens_per_s_{v}": tps[v],
+                f"seconds_{v}": times[i][v],
+                f"{v}_identical_to_ours": bool(torch.equal(v_x, our_x)) and v_nfe == our_nfe,
+                f"{v}_over_ours": tps[v] / tps["ours"],
+                f"{v}_over_reference": tps[v] / tps["reference"],
+                f"ms_per_forward_{v}": 1e3 * v_seconds / max(v_nfe, 1),
+                f"roofline_{v}": None if peak is None else wbytes * v_nfe / v_seconds / 1e9 / peak,
                 "cpu_seconds_ours": cpu_times[i]["ours"],
-                "cpu_seconds_compiled": cpu_times[i]["compiled"],
+                f"cpu_seconds_{v}": cpu_times[i][v],
                 # CPU time of the process: steadier than wall-clock on a machine other jobs load
-                "compiled_over_ours_cpu": statistics.median(cpu_times[i]["ours"])
-                / statistics.median(cpu_times[i]["compiled"]),
+                f"{v}_over_ours_cpu": statistics.median(cpu_times[i]["ours"]) / statistics.median(cpu_times[i][v]),
                 "first_pass_seconds": first[i],
             }
         results.append(
@@ -388,6 +410,9 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
             "compiled_all_identical": all(r["compiled_identical_to_ours"] for r in results),
         }
         print(format_compiled(results, compiled))
+    if graphs:
+        compiled["graphed_all_identical"] = all(r["graphed_identical_to_ours"] for r in results)
+        print(format_graphed(results))
     return {
         "bench": "speed_versus_reference",
         "model": described,
@@ -412,6 +437,28 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
         "results": results,
         "threshold_dual_over_threshold": dual_over_none,
     } | compiled
+
+
+def format_graphed(results: list[dict[str, Any]]) -> str:
+    head = ["gen x batch", "row", "NFE", "tok/s eager", "tok/s graphed", "x eager", "x ref", "ms/fwd", "roof"]
+    head += ["same tokens"]
+    body = [
+        [
+            f"{r['gen_length']}x{r['batch']}",
+            r["row"],
+            str(r["nfe_graphed"]),
+            f"{r['tokens_per_s_ours']:.1f}",
+            f"{r['tokens_per_s_graphed']:.1f}",
+            f"{r['graphed_over_ours']:.2f}",
+            f"{r['graphed_over_reference']:.2f}",
+            f"{r['ms_per_forward_graphed']:.2f}",
+            "-" if r["roofline_graphed"] is None else f"{100 * r['roofline_graphed']:.0f}%",
+            "yes" if r["graphed_identical_to_ours"] else "NO",
+        ]
+        for r in results
+    ]
+    title = "cuda_graphs=True: dlm_decode.generate with step graphs / eager (graphs recorded in the warm-up passes too)"
+    return title + "\n" + render_table(head, body)
 
 
 def format_compiled(results: list[dict[str, Any]], compiled: dict[str, Any]) -> str:

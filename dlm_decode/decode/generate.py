@@ -30,6 +30,7 @@ from dlm_decode.decode.output import GenerateOutput, build_output
 from dlm_decode.decode.prepare import prepare
 from dlm_decode.decode.request import check_request
 from dlm_decode.models.compiled import resolve_mode, using
+from dlm_decode.models.graphs import using_graphs
 from dlm_decode.samplers import Sampler
 
 
@@ -48,6 +49,7 @@ def generate(
     trace: bool = False,
     progress: bool = False,
     compile: bool | str | None = None,
+    cuda_graphs: bool = False,
     **config_kwargs: Any,
 ) -> GenerateOutput:
     """Decode a batch. ``prompts``: texts, chats, token-id lists, or a [B, P] tensor of ids (no padding).
@@ -56,8 +58,12 @@ def generate(
     ``stop_at_eos``, ``cfg_scale``) come as keywords or as a ``DecodeConfig``. ``compile``: True or a
     ``torch.compile`` mode compiles the layers' pieces (``models.compiled``), False decodes eagerly, None (default)
     follows ``models.compiled.set_compile`` (eager unless set); the tokens are the eager path's.
+    ``cuda_graphs``: replay the cached steps' forwards as CUDA graphs (``models.graphs``; with a cache, on a GPU;
+    counts in ``GenerateOutput.graphs``).
     """
     resolve_mode(compile)  # a bad mode fails before any work
+    if not isinstance(cuda_graphs, bool):
+        raise ValueError(f"cuda_graphs must be True or False, got {cuda_graphs!r}")
     rows = encode_prompts(prompts, tokenizer, chat)
     options = dict(sampler_options=sampler_options, cache=cache, cache_options=cache_options, config=config)
     req = check_request(ModelFacts.of_model(model), rows, sampler=sampler, **options, **config_kwargs)
@@ -65,10 +71,13 @@ def generate(
     name = f"{req.sampler.name}/{req.cache.name}"
     bar = tqdm(total=len(rows) * req.config.gen_length, desc=name, leave=False) if progress else None
     start = time.perf_counter()
-    with using(model, compile):
+    with using(model, compile), using_graphs(model, store, cuda_graphs) as graphs:
         while (todo := open_rows(state)) is not None:
             run_block(model, state, req.sampler, req.cache, store, todo, bar)
     if bar is not None:
         bar.close()
     seconds = time.perf_counter() - start
-    return build_output(state, rows, req, store, seconds, tokenizer=tokenizer, trace=trace)
+    out = build_output(state, rows, req, store, seconds, tokenizer=tokenizer, trace=trace)
+    if graphs is not None:
+        out.graphs = graphs.counts()
+    return out

@@ -26,6 +26,7 @@ from dlm_decode.decode.commit import all_in, commit_mask, cut, fail_nonfinite, r
 from dlm_decode.decode.forward import StepMasks, subset
 from dlm_decode.decode.forward import draft_logits as _forward_drafts
 from dlm_decode.decode.forward import region_logits as _forward
+from dlm_decode.models.graphs import fixed_shapes
 from dlm_decode.samplers import Sampler
 from dlm_decode.samplers.base import candidates
 
@@ -96,7 +97,7 @@ def step(
     state.stats.refreshes += int(plan.refresh)
     computed = None if plan.candidates is None else plan.candidates[:, r0:r1]  # [B, R]
     if drafts is None:
-        narrow = subset(state, smp, (r0, r1), computed, masks)
+        narrow = None if fixed_shapes(model) else subset(state, smp, (r0, r1), computed, masks)  # graphs: whole
         logits = _forward(model, state, plan, (r0, r1), store, narrow)  # [B, R, V]
         if computed is not None:  # slots the policy did not compute: flat logits, never committed
             logits = logits.masked_fill(~computed[..., None], 0.0)
