@@ -8,7 +8,7 @@
 #   5. versus8b: bench_speed.py --versus-reference on a random LLaDA of LLaDA-8B's widths in bf16, batch 1, gen 256
 #      (issue 16's GPU target: threshold+dual's share of the memory-bandwidth roofline, and its speed against the
 #      re-stated Fast-dLLM dual-cache loop timed in the same run; $VR_ROWS, $VR_CONFIGS, $REPEATS override;
-#      $COMPILE=MODE adds the compiled generate as a third side);
+#      $COMPILE=MODE adds the compiled generate as a further side, $GRAPHS=1 the one with step graphs);
 #   6. profile8b: profile_decode.py at LLaDA-8B widths in bf16 (where a decode's time goes: the device's busy share,
 #      the top kernels, bare-forward times; $CACHES, $COMPILE as above).
 # Usage: bash benchmarks/gpu_checks.sh OUTDIR [tests|attention|caches|tune|versus8b|profile8b ...]
@@ -28,7 +28,7 @@ python3 -c "import torch, triton, transformers; print('torch', torch.__version__
 for part in $parts; do
   case $part in
   tests)
-    python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_kernels.py tests/test_gpu_decode.py 2>&1 |
+    python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_kernels.py tests/test_gpu_decode.py tests/test_graphs.py 2>&1 |
       tee "$out/gpu_tests.log" | tail -15
     ;;
   attention)
@@ -67,7 +67,8 @@ CASES
   versus8b)
     python3 benchmarks/bench_speed.py --versus-reference --vr-size llada-8b --dtype bfloat16 --device cuda \
       --vr-configs "${VR_CONFIGS:-256x1}" --vr-rows "${VR_ROWS:-threshold,threshold+dual}" \
-      --repeats "${REPEATS:-3}" --warmup 1 ${COMPILE:+--compile "$COMPILE"} 2>&1 | tee "$out/versus8b${TAG:-}.log" |
+      --repeats "${REPEATS:-3}" --warmup 1 ${COMPILE:+--compile "$COMPILE"} ${GRAPHS:+--vr-graphs} 2>&1 |
+      tee "$out/versus8b${TAG:-}.log" |
       grep -v '^{'
     ;;
   profile8b)

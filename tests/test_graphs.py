@@ -54,7 +54,8 @@ def test_dual_cache_replays_all_but_two_steps_of_a_block(llada):
     )  # fmt: skip
     blocks, steps = 3, 8
     assert out.nfe == blocks * steps
-    assert out.graphs == {"eager": blocks * 2, "captured": blocks, "replayed": blocks * (steps - 3)}
+    want = {"eager": blocks * 2, "captured": blocks, "replayed": blocks * (steps - 3), "error": None}
+    assert out.graphs == want
 
 
 def test_classifier_free_guidance_decodes_alike(llada):
@@ -70,6 +71,20 @@ def test_draft_and_verify_copies_are_never_graphed(llada):
     eager = _decode(llada, "lossless", "dual")
     graphed = _decode(llada, "lossless", "dual", cuda_graphs=True)
     assert torch.equal(graphed.sequences, eager.sequences) and graphed.nfe == eager.nfe
+
+
+def test_a_failed_capture_warns_and_decodes_the_rest_eagerly(llada, monkeypatch):
+    import dlm_decode.models.graphs as graphs
+
+    def broken(e, forward):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(graphs, "_can_capture", lambda canvas: True)
+    monkeypatch.setattr(graphs.StepGraphs, "_capture", staticmethod(broken))
+    with pytest.warns(RuntimeWarning, match="CUDA graph capture failed, decoding eagerly: RuntimeError: operation"):
+        out = _decode(llada, "threshold", "dual", cuda_graphs=True)
+    assert out.graphs["captured"] == out.graphs["replayed"] == 0 and "stream is capturing" in out.graphs["error"]
+    assert torch.equal(out.sequences, _decode(llada, "threshold", "dual").sequences)
 
 
 def test_takes_refuses_what_a_graph_cannot_serve(llada):
@@ -105,7 +120,7 @@ def test_cuda_capture_decodes_the_eager_tokens(llada_dir, cache):
     model = dlm_decode.load_model(llada_dir, device="cuda")[0]
     eager = _decode(model, "threshold", cache)
     graphed = _decode(model, "threshold", cache, cuda_graphs=True)
-    assert graphed.graphs["replayed"] > 0
+    assert graphed.graphs["error"] is None and graphed.graphs["replayed"] > 0
     assert torch.equal(graphed.sequences.cpu(), eager.sequences.cpu()) and graphed.nfe == eager.nfe
 
 

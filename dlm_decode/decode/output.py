@@ -39,8 +39,9 @@ class GenerateOutput:
     config: dict[str, Any] = field(default_factory=dict)  # the DecodeConfig decoded with (unset options filled in)
     trace: torch.Tensor | None = None  # [B, L] step that committed each generation slot (-1: cut / filled)
     scratch: dict[str, Any] = field(default_factory=dict)  # the call's sampler / cache memory (records, statistics)
-    # with ``cuda_graphs``: forwards run eagerly at a shape's first use, graphs captured, forwards replayed
-    graphs: dict[str, int] = field(default_factory=dict)
+    # with ``cuda_graphs``: forwards run eagerly at a shape's first use, graphs captured, forwards replayed, and why a
+    # capture failed (None: none did)
+    graphs: dict[str, Any] = field(default_factory=dict)
 
     @property
     def generated(self) -> torch.Tensor:  # [B, L]

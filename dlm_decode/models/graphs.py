@@ -26,6 +26,9 @@ anything under autograd. On a CPU there is nothing to capture: the same fixed-sh
 inputs copied into the buffers and the recorded function called again (how the tests check the plumbing);
 ``captured`` and ``replayed`` count the same events.
 
+If a capture fails (an operator that cannot be recorded), one ``RuntimeWarning`` says why, the step runs eagerly and
+so does the rest of the call (``GenerateOutput.graphs["error"]``).
+
 Graphs live for one ``generate`` call (they hold the store's addresses); each has its own memory pool, ~the
 activations of one step's forward plus its logits.
 """
@@ -33,6 +36,7 @@ activations of one step's forward plus its logits.
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -60,6 +64,7 @@ class StepGraphs:
     eager: int = 0  # calls of a fixed shape run eagerly (first use)
     captured: int = 0  # graphs recorded (each at its shape's second use)
     replayed: int = 0  # calls served by a replay
+    error: str | None = None  # why a capture failed (then the rest of the call runs eagerly)
     _entries: dict[tuple, _Entry] = field(default_factory=dict)
 
     def takes(
@@ -71,7 +76,11 @@ class StepGraphs:
         read: torch.Tensor | None,
     ) -> bool:
         """Whether this ``denoise`` call has a fixed shape that a graph can serve."""
-        if store is not self.store or (store is not None and (store.frozen or store.batch_rows is not None)):
+        if (
+            self.error is not None
+            or store is not self.store
+            or (store is not None and (store.frozen or store.batch_rows is not None))
+        ):
             return False
         return (
             isinstance(compute, slice)
@@ -112,9 +121,17 @@ class StepGraphs:
             def forward() -> torch.Tensor:
                 return denoise(e.canvas, e.positions, key_mask=e.key_mask, **kwargs)
 
+            if _can_capture(canvas):
+                try:
+                    logits = self._capture(e, forward)
+                except RuntimeError as exc:  # e.g. an operator that cannot be captured: eager from here on
+                    self.error = f"{type(exc).__name__}: {exc}"
+                    warnings.warn(f"CUDA graph capture failed, decoding eagerly: {self.error}", RuntimeWarning, 2)
+                    self._entries.clear()
+                    return denoise(canvas, positions, key_mask=key_mask, **kwargs)
+                self.captured += 1
+                return logits
             self.captured += 1
-            if canvas.is_cuda:
-                return self._capture(e, forward)
             e.replay = forward
             return forward()
         e.canvas.copy_(canvas)
@@ -144,8 +161,14 @@ class StepGraphs:
         e.replay = replay
         return logits
 
-    def counts(self) -> dict[str, int]:
-        return {"eager": self.eager, "captured": self.captured, "replayed": self.replayed}
+    def counts(self) -> dict[str, Any]:
+        return {"eager": self.eager, "captured": self.captured, "replayed": self.replayed, "error": self.error}
+
+
+def _can_capture(canvas: torch.Tensor) -> bool:
+    """Whether a graph can be recorded for tensors like ``canvas`` (CUDA); elsewhere the buffers are replayed
+    by calling the forward again."""
+    return canvas.is_cuda
 
 
 def fixed_shapes(model: Any) -> bool:
