@@ -2,7 +2,7 @@
 
 dlm-decode generate MODEL [PROMPT ...] [--input-ids 1,2,3 ...] [--chat] --sampler NAME [--sampler-opt K=V ...]
     --cache NAME [--cache-opt K=V ...] --gen-length N --block-length N --steps N --temperature T --seed S
-    --dtype float32|bfloat16|float16 [--compile [MODE]] [--json]
+    --dtype float32|bfloat16|float16 [--compile [MODE]] [--cuda-graphs] [--json]
 """
 
 from __future__ import annotations
@@ -158,6 +158,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     add_decoding_args(p)
     add_compile_arg(p)
+    p.add_argument(
+        "--cuda-graphs",
+        action="store_true",
+        help="replay a block's fixed-shape steps as CUDA graphs (a GPU, batch 1: the forward is host-bound there; "
+        "README 'Step graphs'); counts in the JSON's 'graphs'",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -180,7 +186,7 @@ def run(args: argparse.Namespace) -> int:
     ids = encode_prompts(rows, tok, args.chat)
     check_request(facts, ids, **kw)
     model, _ = dlm_decode.load_model(args.model, dtype=args.dtype, device=args.device, tokenizer=False)
-    out = dlm_decode.generate(model, ids, tokenizer=tok, compile=args.compile, **kw)
+    out = dlm_decode.generate(model, ids, tokenizer=tok, compile=args.compile, cuda_graphs=args.cuda_graphs, **kw)
     if args.json:
         print(json.dumps(out.to_json()))
     else:

@@ -148,3 +148,18 @@ def test_versus_reference_graphed_side(llada_dir, capsys):
     with pytest.raises(SystemExit):
         bench.parse_args(["--vr-graphs"])
     assert "--vr-graphs needs --versus-reference" in capsys.readouterr().err
+
+
+def test_cli_generate_cuda_graphs_reports_its_counts(llada_dir, capsys):
+    import json
+
+    from dlm_decode.cli import main
+
+    argv = ["generate", str(llada_dir), "--input-ids", "5,6,7", "--cache", "dual", "--gen-length", "16"]
+    argv += ["--block-length", "8", "--json"]
+    assert main(argv) == 0
+    eager = json.loads(capsys.readouterr().out)
+    assert main([*argv, "--cuda-graphs"]) == 0
+    graphed = json.loads(capsys.readouterr().out)
+    assert "graphs" not in eager and graphed["graphs"]["replayed"] > 0 and graphed["graphs"]["error"] is None
+    assert [r["generated_ids"] for r in graphed["rows"]] == [r["generated_ids"] for r in eager["rows"]]

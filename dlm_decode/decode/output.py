@@ -87,7 +87,7 @@ class GenerateOutput:
             "sampler": self.sampler,
             "cache": self.cache,
             "config": self.config,
-        }
+        } | ({"graphs": self.graphs} if self.graphs else {})
 
 
 def build_output(
