@@ -58,8 +58,8 @@ def generate(
     ``stop_at_eos``, ``cfg_scale``) come as keywords or as a ``DecodeConfig``. ``compile``: True or a
     ``torch.compile`` mode compiles the layers' pieces (``models.compiled``), False decodes eagerly, None (default)
     follows ``models.compiled.set_compile`` (eager unless set); the tokens are the eager path's.
-    ``cuda_graphs``: replay the cached steps' forwards as CUDA graphs (``models.graphs``; with a cache, on a GPU;
-    counts in ``GenerateOutput.graphs``).
+    ``cuda_graphs``: replay a block's fixed-shape steps as CUDA graphs on a GPU (``models.graphs``; no cache,
+    ``prefix``, ``dual``; counts in ``GenerateOutput.graphs``).
     """
     resolve_mode(compile)  # a bad mode fails before any work
     if not isinstance(cuda_graphs, bool):
