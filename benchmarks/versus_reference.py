@@ -439,47 +439,42 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
     } | compiled
 
 
-def format_graphed(results: list[dict[str, Any]]) -> str:
-    head = ["gen x batch", "row", "NFE", "tok/s eager", "tok/s graphed", "x eager", "x ref", "ms/fwd", "roof"]
-    head += ["same tokens"]
+def variant_table(results: list[dict[str, Any]], v: str, extra: dict[str, Callable[[dict], str]]) -> str:
+    """The per-row table of a variant side ``v`` (``compiled``, ``graphed``) against the eager side: NFE, both
+    tokens/s, the ratio, the ``extra`` columns (name -> cell of a result), token identity."""
+    head = ["gen x batch", "row", "NFE", "tok/s eager", f"tok/s {v}", "x eager", *extra, "same tokens"]
     body = [
         [
             f"{r['gen_length']}x{r['batch']}",
             r["row"],
-            str(r["nfe_graphed"]),
+            str(r[f"nfe_{v}"]),
             f"{r['tokens_per_s_ours']:.1f}",
-            f"{r['tokens_per_s_graphed']:.1f}",
-            f"{r['graphed_over_ours']:.2f}",
-            f"{r['graphed_over_reference']:.2f}",
-            f"{r['ms_per_forward_graphed']:.2f}",
-            "-" if r["roofline_graphed"] is None else f"{100 * r['roofline_graphed']:.0f}%",
-            "yes" if r["graphed_identical_to_ours"] else "NO",
+            f"{r[f'tokens_per_s_{v}']:.1f}",
+            f"{r[f'{v}_over_ours']:.2f}",
+            *(cell(r) for cell in extra.values()),
+            "yes" if r[f"{v}_identical_to_ours"] else "NO",
         ]
         for r in results
     ]
+    return render_table(head, body)
+
+
+def format_graphed(results: list[dict[str, Any]]) -> str:
+    extra = {
+        "x ref": lambda r: f"{r['graphed_over_reference']:.2f}",
+        "ms/fwd": lambda r: f"{r['ms_per_forward_graphed']:.2f}",
+        "roof": lambda r: "-" if r["roofline_graphed"] is None else f"{100 * r['roofline_graphed']:.0f}%",
+    }
     title = "cuda_graphs=True: dlm_decode.generate with step graphs / eager (graphs recorded in the warm-up passes too)"
-    return title + "\n" + render_table(head, body)
+    return title + "\n" + variant_table(results, "graphed", extra)
 
 
 def format_compiled(results: list[dict[str, Any]], compiled: dict[str, Any]) -> str:
-    head = ["gen x batch", "row", "NFE", "tok/s eager", "tok/s compiled", "x eager", "x eager (CPU s)", "same tokens"]
-    body = [
-        [
-            f"{r['gen_length']}x{r['batch']}",
-            r["row"],
-            str(r["nfe_compiled"]),
-            f"{r['tokens_per_s_ours']:.1f}",
-            f"{r['tokens_per_s_compiled']:.1f}",
-            f"{r['compiled_over_ours']:.2f}",
-            f"{r['compiled_over_ours_cpu']:.2f}",
-            "yes" if r["compiled_identical_to_ours"] else "NO",
-        ]
-        for r in results
-    ]
+    table = variant_table(results, "compiled", {"x eager (CPU s)": lambda r: f"{r['compiled_over_ours_cpu']:.2f}"})
     spent = compiled["compile_seconds"]
     lines = [
         f"compile={compiled['compile']}: dlm_decode.generate compiled / eager (both timed after the warm-up passes)",
-        render_table(head, body),
+        table,
         f"compiling: {'-' if spent is None else f'{spent:.1f}'} s in the warm-up passes, "
         f"{compiled['compiled_graphs']} graphs"
         + (f"; FAILED, ran eagerly: {compiled['compile_error']}" if compiled["compile_error"] else ""),

@@ -29,6 +29,18 @@ REPO = Path(__file__).resolve().parent.parent
 SHARED_DATA = Path(os.environ.get("DLM_PARALLELBENCH_DATA") or REPO.parent / "shared" / "data" / "parallelbench")
 
 
+def decode_small(model, prompts, sampler, cache, **kw):
+    """``dlm_decode.generate`` at the small sizes the decode-path tests share: gen 24 in blocks of 8, ``threshold``
+    at 0.5 (at 0.9 the tiny random checkpoints commit one slot per step), ``low_confidence`` one token per step."""
+    kw.setdefault("gen_length", 24)
+    kw.setdefault("block_length", 8)
+    if sampler == "threshold":
+        kw.setdefault("sampler_options", {"threshold": 0.5})
+    if sampler == "low_confidence":
+        kw.setdefault("steps", kw["gen_length"])
+    return dlm_decode.generate(model, prompts, sampler=sampler, cache=cache, **kw)
+
+
 def load_script(relpath: str):
     """A script of the repository (a benchmark; they are not a package) imported as a module from its path."""
     path = REPO / relpath

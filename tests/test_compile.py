@@ -15,7 +15,7 @@ import warnings
 
 import pytest
 import torch
-from conftest import SHARED_DATA
+from conftest import SHARED_DATA, decode_small
 
 import dlm_decode
 from dlm_decode.cli import main
@@ -33,16 +33,6 @@ CASES = [  # (sampler, cache): threshold without a cache, with prefix and with d
     ("low_confidence", "none"),
     ("low_confidence", "dual"),
 ]
-
-
-def _decode(model, prompts, sampler, cache, **kw):
-    kw.setdefault("gen_length", 24)
-    kw.setdefault("block_length", 8)
-    if sampler == "threshold":
-        kw.setdefault("sampler_options", {"threshold": 0.5})
-    if sampler == "low_confidence":
-        kw.setdefault("steps", kw["gen_length"])
-    return dlm_decode.generate(model, prompts, sampler=sampler, cache=cache, **kw)
 
 
 def _same(a, b) -> None:
@@ -88,9 +78,9 @@ def broken(monkeypatch):
 @pytest.mark.parametrize("sampler,cache", CASES)
 def test_failed_compile_falls_back_to_the_eager_tokens_with_one_warning(tiny_model, sampler, cache, fresh, broken):
     fresh(tiny_model)
-    eager = _decode(tiny_model, MIXED, sampler, cache)
+    eager = decode_small(tiny_model, MIXED, sampler, cache)
     with pytest.warns(RuntimeWarning, match="torch.compile of the decoding forward failed.*decoding eagerly") as rec:
-        out = _decode(tiny_model, MIXED, sampler, cache, compile=True)
+        out = decode_small(tiny_model, MIXED, sampler, cache, compile=True)
     assert len([w for w in rec if issubclass(w.category, RuntimeWarning)]) == 1
     _same(out, eager)
     pieces = tiny_model.__dict__["_compiled_layers"]["default"]
@@ -98,7 +88,7 @@ def test_failed_compile_falls_back_to_the_eager_tokens_with_one_warning(tiny_mod
     assert broken["n"] == 1  # the first piece failed; nothing compiled is tried again
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the second call neither warns nor retries
-        again = _decode(tiny_model, MIXED, sampler, cache, compile=True)
+        again = decode_small(tiny_model, MIXED, sampler, cache, compile=True)
     _same(again, eager)
     assert broken["n"] == 1
     assert "layer_pieces" not in tiny_model.__dict__  # the call's setting ends with it
@@ -113,9 +103,9 @@ def test_failed_torch_compile_itself_falls_back(llada, fresh, monkeypatch):
         raise RuntimeError("simulated: torch.compile is not supported on this Python")
 
     monkeypatch.setattr(torch, "compile", unsupported)
-    eager = _decode(llada, ONE, "threshold", "dual")
+    eager = decode_small(llada, ONE, "threshold", "dual")
     with pytest.warns(RuntimeWarning, match="not supported on this Python"):
-        out = _decode(llada, ONE, "threshold", "dual", compile=True)
+        out = decode_small(llada, ONE, "threshold", "dual", compile=True)
     _same(out, eager)
     compiled._compiled.cache_clear()  # no wrapper built under the patch outlives the test
 
@@ -132,10 +122,10 @@ def test_set_compile_is_the_models_default_and_generate_overrides_it(llada, fres
     fresh(llada)
     pieces = compiled.set_compile(llada, True)
     assert llada.layer_pieces is pieces and isinstance(pieces, compiled.CompiledLayers)
-    _decode(llada, ONE, "threshold", "none", compile=False)  # eager for this call: no compile attempted
+    decode_small(llada, ONE, "threshold", "none", compile=False)  # eager for this call: no compile attempted
     assert broken["n"] == 0 and llada.layer_pieces is pieces
     with pytest.warns(RuntimeWarning, match="decoding eagerly"):
-        _decode(llada, ONE, "threshold", "none")  # None: the model's setting
+        decode_small(llada, ONE, "threshold", "none")  # None: the model's setting
     assert broken["n"] == 1 and llada.layer_pieces is pieces
     assert compiled.set_compile(llada, False) is EAGER and llada.layer_pieces is EAGER
 
@@ -184,12 +174,12 @@ def test_dynamo_captures_each_piece_in_one_graph(tiny_model, sampler, cache, fre
     """Dynamo's ``eager`` backend: the pieces trace with ``fullgraph=True`` (a graph break would raise and fall back,
     so ``error`` stays None only without one) and the tokens are the eager path's."""
     fresh(tiny_model)
-    eager = _decode(tiny_model, MIXED, sampler, cache)
+    eager = decode_small(tiny_model, MIXED, sampler, cache)
     pieces = compiled.CompiledLayers(backend="eager")
     tiny_model.layer_pieces = pieces  # what ``set_compile`` does, with the tracing-only backend
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)
-        out = _decode(tiny_model, MIXED, sampler, cache)
+        out = decode_small(tiny_model, MIXED, sampler, cache)
     assert pieces.error is None
     _same(out, eager)
 
@@ -217,9 +207,9 @@ def test_inductor_compiled_decodes_the_eager_tokens(tiny_model, sampler, cache, 
     if reason:
         pytest.skip(reason)
     fresh(tiny_model)
-    eager = _decode(tiny_model, prompts, sampler, cache)
+    eager = decode_small(tiny_model, prompts, sampler, cache)
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)  # a fallback would warn: this test is about the compiled path
-        out = _decode(tiny_model, prompts, sampler, cache, compile=True)
+        out = decode_small(tiny_model, prompts, sampler, cache, compile=True)
     assert tiny_model.__dict__["_compiled_layers"]["default"].error is None
     _same(out, eager)

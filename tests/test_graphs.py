@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import decode_small
 
 import dlm_decode
 from dlm_decode.models.graphs import StepGraphs
@@ -20,13 +21,7 @@ MIXED = [[5, 9, 17, 3, 40, 22], [7, 2, 33], [11, 30, 30, 8, 19], [4, 4]]  # left
 
 
 def _decode(model, sampler, cache, **kw):
-    kw.setdefault("gen_length", 24)
-    kw.setdefault("block_length", 8)
-    if sampler == "threshold":
-        kw.setdefault("sampler_options", {"threshold": 0.5})
-    if sampler == "low_confidence":
-        kw.setdefault("steps", kw["gen_length"])
-    return dlm_decode.generate(model, MIXED, sampler=sampler, cache=cache, **kw)
+    return decode_small(model, MIXED, sampler, cache, **kw)
 
 
 @pytest.mark.parametrize("sampler", ["threshold", "low_confidence"])

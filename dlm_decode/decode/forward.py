@@ -149,10 +149,14 @@ def run_model(
     if store is not None:
         store.frozen = not plan.write
         store.batch_rows = store_rows
+    graphs = getattr(model, "step_graphs", None)  # ``models.graphs``: a fixed-shape step replayed as a CUDA graph
     try:
-        logits = model.denoise(
-            canvas, pos, compute=compute, region=region, store=store, key_mask=km, key_index=ki, read=read
-        )
+        if graphs is not None and graphs.takes(canvas, compute, store, ki, read):
+            logits = graphs.run(model.denoise, canvas, pos, compute=compute, region=region, key_mask=km, key_index=ki)
+        else:
+            logits = model.denoise(
+                canvas, pos, compute=compute, region=region, store=store, key_mask=km, key_index=ki, read=read
+            )
     finally:
         if store is not None:
             store.end_step()

@@ -274,31 +274,6 @@ class DiffusionLMMixin:
         compute: Index = slice(None),
         region: tuple[int, int],
         store: KVStore | None = None,
-        key_mask: torch.Tensor | None = None,
-        key_index: torch.Tensor | slice | None = None,
-        read: torch.Tensor | None = None,
-    ) -> torch.Tensor:  # [B, R, V]
-        """``_denoise`` (below), through the call's step graphs when it has them and the call's shape is fixed
-        (``graphs.StepGraphs.takes``)."""
-        graphs = self.step_graphs
-        if graphs is not None and graphs.takes(canvas, compute, store, key_index, read):
-            return graphs.run(
-                self._denoise, canvas, positions, compute=compute, region=region, key_mask=key_mask,
-                key_index=key_index,
-            )  # fmt: skip
-        return self._denoise(
-            canvas, positions, compute=compute, region=region, store=store, key_mask=key_mask, key_index=key_index,
-            read=read,
-        )  # fmt: skip
-
-    def _denoise(
-        self,
-        canvas: torch.Tensor,  # [B, T]
-        positions: torch.Tensor,  # [B, T]
-        *,
-        compute: Index = slice(None),
-        region: tuple[int, int],
-        store: KVStore | None = None,
         key_mask: torch.Tensor | None = None,  # [B, T] (or [B, W] with key_index)
         key_index: torch.Tensor | slice | None = None,  # [B, W] slots to attend to, or a run shared by all rows
         read: torch.Tensor | None = None,  # [B, N] region offsets whose logits are wanted; None: all of the region

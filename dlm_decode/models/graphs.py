@@ -9,14 +9,14 @@ A CUDA graph records the forward's kernels once and replays them with one launch
 Measured there (same file): ``threshold`` + ``dual`` at 94.2 tok/s with graphs against 46.6 eager and 50.3 for the
 re-stated Fast-dLLM dual-cache loop, 17.5 ms a forward.
 
-What is graphed: a ``denoise`` call whose shapes and slot offsets repeat, i.e. the steps inside a block (with
-``prefix`` and ``dual``: the same computed slots, region and key run at every step of the block, writing the call's
-own K/V store in place; without a cache: the whole canvas at every step). ``window`` and the ``dkv`` caches compute
-a set of slots that changes from step to step, so their steps stay eager. The first call of a shape runs eagerly (a
-shape met once, such as a block's full refresh, is never captured); the second runs eagerly on a side stream (the
-step's real result, and the warm-up the capture needs) and is captured; later ones copy the step's inputs (canvas,
-positions, key mask) into the graph's buffers and replay. Replaying rewrites the computed slots' K/V in the store,
-as the eager step does.
+What is graphed: a step's ``denoise`` call (``decode.forward.run_model`` asks ``StepGraphs.takes``) whose shapes
+and slot offsets repeat, i.e. the steps inside a block (with ``prefix`` and ``dual``: the same computed slots, region
+and key run at every step of the block, writing the call's own K/V store in place; without a cache: the whole canvas
+at every step). ``window`` and the ``dkv`` caches compute a set of slots that changes from step to step, so their
+steps stay eager. The first call of a shape runs eagerly (a shape met once, such as a block's full refresh, is never
+captured); the second runs eagerly on a side stream (the step's real result, and the warm-up the capture needs) and
+is captured; later ones copy the step's inputs (canvas, positions, key mask) into the graph's buffers and replay.
+Replaying rewrites the computed slots' K/V in the store, as the eager step does.
 
 What it changes in the loop: shapes must not vary from step to step, so the forward's narrowing to the rows and
 slots a sampler reads (``decode.forward.subset``) is off while graphs are on (``fixed_shapes``): every row's whole
@@ -93,7 +93,7 @@ class StepGraphs:
 
     def run(
         self,
-        denoise: Callable[..., torch.Tensor],  # the model's eager ``denoise``
+        denoise: Callable[..., torch.Tensor],  # the model's ``denoise``
         canvas: torch.Tensor,  # [B, T]
         positions: torch.Tensor,  # [B, T]
         *,
