@@ -15,7 +15,10 @@ from conftest import decode_small
 import dlm_decode
 from dlm_decode.models.graphs import StepGraphs
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [
+    pytest.mark.usefixtures("one_thread"),
+    pytest.mark.filterwarnings("ignore:cuda_graphs=True on a cpu model"),  # said once in its own test below
+]
 
 MIXED = [[5, 9, 17, 3, 40, 22], [7, 2, 33], [11, 30, 30, 8, 19], [4, 4]]  # left padding: a key mask every step
 
@@ -101,6 +104,12 @@ def test_takes_refuses_what_a_graph_cannot_serve(llada):
         store.frozen = False
         store.batch_rows = torch.tensor([0])  # a forward of some rows only
         assert not g.takes(canvas, slice(2, 6), store, None, None)
+
+
+def test_cpu_model_is_told_nothing_is_captured(llada):
+    with pytest.warns(RuntimeWarning, match="cuda_graphs=True on a cpu model: nothing is captured there"):
+        out = _decode(llada, "threshold", "dual", cuda_graphs=True)
+    assert out.graphs["captured"] > 0  # the fixed-shape path still ran (uncaptured)
 
 
 def test_cuda_graphs_must_be_a_bool(llada):

@@ -24,9 +24,9 @@ region gets logits. Samplers that read only their candidates see the same logits
 
 Not graphed (eager as before): calls on another store than the call's (the draft copies of draft-and-verify
 samplers), a frozen store (``write=False`` plans), slot-id (tensor) compute or key sets, ``read`` subsets, and
-anything under autograd. On a CPU there is nothing to capture: the same fixed-shape path runs, with the step's
-inputs copied into the buffers and the recorded function called again (how the tests check the plumbing);
-``captured`` and ``replayed`` count the same events.
+anything under autograd. On a CPU there is nothing to capture (a ``RuntimeWarning`` says so): the same fixed-shape
+path runs, with the step's inputs copied into the buffers and the recorded function called again (how the tests
+check the plumbing); ``captured`` and ``replayed`` count the same events.
 
 If a capture fails (an operator that cannot be recorded), one ``RuntimeWarning`` says why, the step runs eagerly and
 so does the rest of the call (``GenerateOutput.graphs["error"]``).
@@ -184,6 +184,14 @@ def using_graphs(model: Any, store: Any, enabled: bool) -> Iterator[StepGraphs |
     if not enabled:
         yield None
         return
+    device = next(model.parameters()).device
+    if device.type != "cuda":
+        warnings.warn(
+            f"cuda_graphs=True on a {device.type} model: nothing is captured there; the steps run eagerly at fixed "
+            "shapes (no narrowing to the read slots), which only costs time off a GPU",
+            RuntimeWarning,
+            3,
+        )
     graphs = StepGraphs(store)
     model.step_graphs = graphs
     try:
