@@ -8,6 +8,7 @@ All on CPU, tiny models, no downloads.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import re
@@ -1677,7 +1678,12 @@ def test_self_rows_are_verified_answers_and_never_an_official_prompt(mini_pb, to
     assert tuple(leak["prompt_ids"]) in excluded and not any(tuple(r["prompt_ids"]) in excluded for r in good)
     rows, meta = sr.load_self_rows([path], vocab_size=len(tok), canvas=canvas, excluded_prompts=excluded)
     assert rows == [(r["prompt_ids"], r["response_ids"], task) for r in good]
-    assert meta == {"rows": 3, "per_task": {task: 3}, "dropped_excluded": 1}
+    assert meta == {
+        "rows": 3,
+        "per_task": {task: 3},
+        "dropped_excluded": 1,
+        "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
+    }
     # what cannot be a training target is refused, naming the file and the line
     bad = {
         "unverified": {**good[0], "score": 0.5},

@@ -26,19 +26,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 Row = tuple[list[int], list[int], str]  # (prompt ids, response ids, task)
-
-
-def file_digest(paths: Iterable[str | Path]) -> str:
-    """sha256 over the files' bytes in order: a resumed run must train on the same self rows."""
-    h = hashlib.sha256()
-    for p in paths:
-        h.update(Path(p).read_bytes())
-    return h.hexdigest()
 
 
 def load_self_rows(
@@ -48,7 +40,8 @@ def load_self_rows(
     canvas: Mapping[str, int],
     excluded_prompts: set[tuple[int, ...]],
 ) -> tuple[list[Row], dict[str, Any]]:
-    """The rows of ``paths`` (``trajectories.py`` ``train.jsonl`` files) and a summary (rows per task, dropped).
+    """The rows of ``paths`` (``trajectories.py`` ``train.jsonl`` files) and a summary (rows per task, dropped, and
+    ``sha256`` over the files' bytes in order: a resumed run must train on the same self rows).
 
     ``canvas``: task -> its response length (the official gen length); ``excluded_prompts``: prompt ids that must
     never be trained on. Raises ``ValueError`` naming the file and line for a row that cannot be a training target
@@ -57,34 +50,36 @@ def load_self_rows(
     rows: list[Row] = []
     per_task: dict[str, int] = {}
     dropped = 0
+    digest = hashlib.sha256()
     for path in paths:
         path = Path(path)
         if not path.is_file():
             raise ValueError(f"--self-rows: {path} is not a file (give trajectories.py's train.jsonl)")
-        with open(path) as f:
-            for n, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                where = f"--self-rows {path}, line {n}"
-                try:
-                    r = json.loads(line)
-                    task, prompt, resp, score = r["task"], r["prompt_ids"], r["response_ids"], r["score"]
-                except (json.JSONDecodeError, KeyError) as e:
-                    raise ValueError(f"{where}: not a trajectories.py row ({e})") from None
-                if task not in canvas:
-                    raise ValueError(f"{where}: unknown task {task!r}; allowed: {', '.join(sorted(canvas))}")
-                if score != 1.0:
-                    raise ValueError(f"{where}: an unverified answer (score {score}); self rows must be verified")
-                if len(resp) != canvas[task]:
-                    raise ValueError(f"{where}: response of {len(resp)} tokens, {task}'s canvas is {canvas[task]}")
-                ids = [*prompt, *resp]
-                if not ids or min(ids) < 0 or max(ids) >= vocab_size:
-                    raise ValueError(f"{where}: token ids outside the tokenizer's {vocab_size}")
-                if tuple(prompt) in excluded_prompts:
-                    dropped += 1
-                    continue
-                rows.append((list(prompt), list(resp), task))
-                per_task[task] = per_task.get(task, 0) + 1
+        data = path.read_bytes()
+        digest.update(data)
+        for n, line in enumerate(data.decode().split("\n"), 1):
+            if not line.strip():
+                continue
+            where = f"--self-rows {path}, line {n}"
+            try:
+                r = json.loads(line)
+                task, prompt, resp, score = r["task"], r["prompt_ids"], r["response_ids"], r["score"]
+            except (json.JSONDecodeError, KeyError) as e:
+                raise ValueError(f"{where}: not a trajectories.py row ({e})") from None
+            if task not in canvas:
+                raise ValueError(f"{where}: unknown task {task!r}; allowed: {', '.join(sorted(canvas))}")
+            if score != 1.0:
+                raise ValueError(f"{where}: an unverified answer (score {score}); self rows must be verified")
+            if len(resp) != canvas[task]:
+                raise ValueError(f"{where}: response of {len(resp)} tokens, {task}'s canvas is {canvas[task]}")
+            ids = [*prompt, *resp]
+            if not ids or min(ids) < 0 or max(ids) >= vocab_size:
+                raise ValueError(f"{where}: token ids outside the tokenizer's {vocab_size}")
+            if tuple(prompt) in excluded_prompts:
+                dropped += 1
+                continue
+            rows.append((list(prompt), list(resp), task))
+            per_task[task] = per_task.get(task, 0) + 1
     if not rows:
         raise ValueError(f"--self-rows: no usable row in {', '.join(map(str, paths))}")
-    return rows, {"rows": len(rows), "per_task": per_task, "dropped_excluded": dropped}
+    return rows, {"rows": len(rows), "per_task": per_task, "dropped_excluded": dropped, "sha256": digest.hexdigest()}

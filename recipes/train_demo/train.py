@@ -731,7 +731,7 @@ def main(argv: list[str] | None = None) -> None:
     exclude = {t: official[t] | held_keys[t] for t in TASKS}
     self_rows, self_meta = [], None
     if args.self_rows:
-        from self_rows import file_digest, load_self_rows
+        from self_rows import load_self_rows
         from stream import excluded_prompts
 
         from dlm_decode.parallelbench.tasks import max_new_tokens
@@ -745,7 +745,6 @@ def main(argv: list[str] | None = None) -> None:
             )
         except ValueError as e:
             raise SystemExit(str(e)) from None
-        self_meta["sha256"] = file_digest(args.self_rows)
         accelerator.print(f"self rows: {self_meta}")
     # the same batches need the same self rows: checked before the model and the checkpoint are loaded
     if args.resume and latest_checkpoint(run_dir) is not None and (run_dir / "run.json").is_file():
