@@ -29,6 +29,7 @@ import torch
 from dlm_decode.cache import KVStore, StepPlan
 from dlm_decode.cache.plans import rows_to_index
 from dlm_decode.core.state import DecodeState
+from dlm_decode.models.graphs import active_graphs
 from dlm_decode.samplers import Sampler
 from dlm_decode.samplers.base import Drafts, candidates
 
@@ -149,7 +150,7 @@ def run_model(
     if store is not None:
         store.frozen = not plan.write
         store.batch_rows = store_rows
-    graphs = getattr(model, "step_graphs", None)  # ``models.graphs``: a fixed-shape step replayed as a CUDA graph
+    graphs = active_graphs(model)  # ``models.graphs``: a fixed-shape step replayed as a CUDA graph
     try:
         if graphs is not None and graphs.takes(canvas, compute, store, ki, read):
             logits = graphs.run(model.denoise, canvas, pos, compute=compute, region=region, key_mask=km, key_index=ki)

@@ -123,7 +123,10 @@ class StepGraphs:
             def forward() -> torch.Tensor:
                 return denoise(e.canvas, e.positions, key_mask=e.key_mask, **kwargs)
 
-            if _can_capture(canvas):
+            if not _can_capture(canvas):
+                e.replay = forward
+                logits = forward()
+            else:
                 try:
                     logits = self._capture(e, forward)
                 except RuntimeError as exc:  # e.g. an operator that cannot be captured: eager from here on
@@ -131,11 +134,8 @@ class StepGraphs:
                     warnings.warn(f"CUDA graph capture failed, decoding eagerly: {self.error}", RuntimeWarning, 2)
                     self._entries.clear()
                     return denoise(canvas, positions, key_mask=key_mask, **kwargs)
-                self.captured += 1
-                return logits
             self.captured += 1
-            e.replay = forward
-            return forward()
+            return logits
         e.canvas.copy_(canvas)
         e.positions.copy_(positions)
         if e.key_mask is not None:
@@ -173,9 +173,14 @@ def _can_capture(canvas: torch.Tensor) -> bool:
     return canvas.is_cuda
 
 
+def active_graphs(model: Any) -> StepGraphs | None:
+    """The step graphs of the ``generate`` call ``model`` is decoding in (``using_graphs``), else None."""
+    return getattr(model, "step_graphs", None)
+
+
 def fixed_shapes(model: Any) -> bool:
     """True while ``model`` decodes with step graphs: the loop then leaves every step's shape whole."""
-    return getattr(model, "step_graphs", None) is not None
+    return active_graphs(model) is not None
 
 
 @contextlib.contextmanager
