@@ -345,9 +345,10 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
         (ref_x, ref_nfe), (our_x, our_nfe) = seen[i]["reference"], seen[i]["ours"]
         tps = {side: gen * batch / statistics.median(times[i][side]) for side in names}
         extra: dict[str, Any] = {}
+        if variants:
+            extra = {"cpu_seconds_ours": cpu_times[i]["ours"], "first_pass_seconds": first[i]}
         for v in variants:
             v_x, v_nfe = seen[i][v]
-            v_seconds = statistics.median(times[i][v])
             extra |= {
                 f"nfe_{v}": v_nfe,
                 f"tokens_per_s_{v}": tps[v],
@@ -355,14 +356,10 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
                 f"{v}_identical_to_ours": bool(torch.equal(v_x, our_x)) and v_nfe == our_nfe,
                 f"{v}_over_ours": tps[v] / tps["ours"],
                 f"{v}_over_reference": tps[v] / tps["reference"],
-                f"ms_per_forward_{v}": 1e3 * v_seconds / max(v_nfe, 1),
-                f"roofline_{v}": None if peak is None else wbytes * v_nfe / v_seconds / 1e9 / peak,
-                "cpu_seconds_ours": cpu_times[i]["ours"],
                 f"cpu_seconds_{v}": cpu_times[i][v],
                 # CPU time of the process: steadier than wall-clock on a machine other jobs load
                 f"{v}_over_ours_cpu": statistics.median(cpu_times[i]["ours"]) / statistics.median(cpu_times[i][v]),
-                "first_pass_seconds": first[i],
-            }
+            } | side_roofline(v, wbytes, peak, v_nfe, times[i][v])
         results.append(
             {
                 "gen_length": gen,
@@ -398,20 +395,20 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
             }
         )
     print(format_table(results, dual_over_none))
-    compiled: dict[str, Any] = {}
+    variant_meta: dict[str, Any] = {}  # what the variant sides add to the JSON
     if compile:
         pieces = model.__dict__.get("_compiled_layers", {}).get(resolve_mode(compile))
         spent = _compile_seconds()
-        compiled = {
+        variant_meta = {
             "compile": resolve_mode(compile),
             "compile_error": None if pieces is None else pieces.error,
             "compile_seconds": None if spent is None else spent - compile_start,
             "compiled_graphs": _graphs() - graphs_start,
             "compiled_all_identical": all(r["compiled_identical_to_ours"] for r in results),
         }
-        print(format_compiled(results, compiled))
+        print(format_compiled(results, variant_meta))
     if graphs:
-        compiled["graphed_all_identical"] = all(r["graphed_identical_to_ours"] for r in results)
+        variant_meta["graphed_all_identical"] = all(r["graphed_identical_to_ours"] for r in results)
         print(format_graphed(results))
     return {
         "bench": "speed_versus_reference",
@@ -436,7 +433,7 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
         "all_identical": all(r["identical"] for r in results),
         "results": results,
         "threshold_dual_over_threshold": dual_over_none,
-    } | compiled
+    } | variant_meta
 
 
 def variant_table(results: list[dict[str, Any]], v: str, extra: dict[str, Callable[[dict], str]]) -> str:
@@ -482,17 +479,25 @@ def format_compiled(results: list[dict[str, Any]], compiled: dict[str, Any]) -> 
     return "\n".join(lines)
 
 
+def side_roofline(side: str, wbytes: int, peak: float | None, nfe: int, seconds: list[float]) -> dict[str, Any]:
+    """One side's weight bytes streamed per second (``wbytes`` x NFE / median seconds), its share of the peak
+    bandwidth when one is known, and its ms per forward."""
+    median = statistics.median(seconds)
+    gbps = wbytes * nfe / median / 1e9
+    return {
+        f"weight_gbps_{side}": gbps,
+        f"roofline_{side}": None if peak is None else gbps / peak,
+        f"ms_per_forward_{side}": 1e3 * median / max(nfe, 1),
+    }
+
+
 def roofline(
     wbytes: int, peak: float | None, ref_nfe: int, our_nfe: int, seconds: dict[str, list[float]]
 ) -> dict[str, Any]:
     """Weight bytes streamed per second by each side (``wbytes`` x NFE / median seconds), and their share of the peak
     bandwidth when one is known."""
-    out: dict[str, Any] = {}
-    for side, nfe in (("reference", ref_nfe), ("ours", our_nfe)):
-        gbps = wbytes * nfe / statistics.median(seconds[side]) / 1e9
-        out[f"weight_gbps_{side}"] = gbps
-        out[f"roofline_{side}"] = None if peak is None else gbps / peak
-        out[f"ms_per_forward_{side}"] = 1e3 * statistics.median(seconds[side]) / max(nfe, 1)
+    out = side_roofline("reference", wbytes, peak, ref_nfe, seconds["reference"])
+    out |= side_roofline("ours", wbytes, peak, our_nfe, seconds["ours"])
     # per forward: the comparison that still holds where half-precision tokens (and so the NFE) part
     out["forward_speedup"] = out["ms_per_forward_reference"] / out["ms_per_forward_ours"]
     return out
