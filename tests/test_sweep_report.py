@@ -12,13 +12,13 @@ def _load():
     return load_script("benchmarks/sweep_report.py")
 
 
-def _row(task, sampler, nfe, score, opts=None, k=None, cache="none", seconds=1.0):
+def _row(task, sampler, nfe, score, opts=None, k=None, cache="none", seconds=1.0, block=32):
     opts = opts or {}
     label = f"top-k k={k}" if k else sampler + "".join(f" {v}" for v in opts.values())
-    label += " b32" + ("" if cache == "none" else f" +{cache}")
-    method = ("top-k" if k else sampler) + " b32" + ("" if cache == "none" else f" +{cache}")
-    cid = json.dumps([sampler, opts, k, cache], sort_keys=True)
-    cfg = {"sampler": sampler, "sampler_options": opts, "block_length": 32, "k": k, "cache": cache}
+    label += f" b{block}" + ("" if cache == "none" else f" +{cache}")
+    method = ("top-k" if k else sampler) + f" b{block}" + ("" if cache == "none" else f" +{cache}")
+    cid = json.dumps([sampler, opts, k, cache, block], sort_keys=True)
+    cfg = {"sampler": sampler, "sampler_options": opts, "block_length": block, "k": k, "cache": cache}
     return {
         "model": "m",
         "config_id": cid,
@@ -73,6 +73,34 @@ def test_report_tables_and_targets(rows):
     assert "| waiting_line/copy | 100.0 | 99.5 | 100.0 | 100.0 |" in text
     assert "- PB90: 4.00 tok/step (threshold 0.9 b32, 99.5)" in text
     assert "```bash\ncmd --x\n```" in text
+
+
+def test_targets_hold_each_block_against_its_own_baseline(rows):
+    # a block-16 sweep beside the block-32 one: its baseline scores 98 (one point under block 32's 100), its
+    # threshold 0.9 97.5 at NFE 4 (oracle 2 at block 16 too): within 1 point of its own block's baseline, 2.5 under
+    # block 32's, and both are said
+    for task in ("waiting_line/copy", "waiting_line/shuffle"):
+        rows += [
+            _row(task, "oracle", 2.0, 100.0, block=16),
+            _row(task, "low_confidence", 32.0, 98.0, k=1, block=16),
+            _row(task, "threshold", 4.0, 97.5, {"threshold": 0.9}, block=16),
+        ]
+    mod = _load()
+    lines = mod.targets(mod.summarize(rows))
+    assert lines[0] == "baseline (`low_confidence` k=1): score 100.0, NFE 32.00"
+    assert lines[1] == "baseline at block 16: score 98.0, NFE 32.00"
+    b16 = next(x for x in lines if x.startswith("`threshold 0.9 b16`"))
+    assert b16 == (
+        "`threshold 0.9 b16`: NFE / baseline 0.125 (target <= 0.5), score -0.5 against the baseline of its block "
+        "(-2.5 against block 32's) (target >= -1): met"
+    )
+    b32 = next(x for x in lines if x.startswith("`threshold 0.9 b32`"))
+    assert "score -0.5 against the baseline (target >= -1): met" in b32
+    # block 16's threshold (NFE 4, oracle 2: ratio 2.0) beats block 32's (ratio 4.0)
+    assert lines[-1] == (
+        "closest to the oracle within 1 point of the baseline of its block (-2.5 against block 32's): "
+        "`threshold 0.9 b16`, NFE / oracle 2.00 (target <= 1.5, moonshot 1.25): not met"
+    )
 
 
 def test_report_refuses_a_missing_or_empty_file(tmp_path, capsys):
