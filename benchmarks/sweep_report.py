@@ -152,17 +152,25 @@ def targets(summary: list[dict[str, Any]]) -> list[str]:
             f"{s['score'] - base['score']:+.1f} {where} (target >= -1): {'met' if met else 'not met'}"
         )
     ok = [s for s in full if s["score"] >= against(s)[0]["score"] - 1 and s["nfe_ratio"] is not None]
-    best = min(ok, key=lambda s: s["nfe_ratio"], default=None)
-    if best is None:
-        lines.append("no config within 1 point of the baseline has an oracle ratio")
-    else:
-        verdict = "met" if best["nfe_ratio"] <= 1.5 else "not met"
-        where = against(best)[1].replace("against the baseline", "of the baseline", 1)
-        lines.append(
-            f"closest to the oracle within 1 point {where}: `{best['label']}`, NFE / oracle "
-            f"{best['nfe_ratio']:.2f} (target <= 1.5, moonshot 1.25): {verdict}"
-        )
+    lines.append(_closest(ok, against))
+    if len(bases) > 1:
+        # the stricter reading: a smaller block raises the oracle's own NFE (fewer tokens can be final at once), so
+        # the ratio to its own block's oracle flatters it; here only the largest block's configs, baseline and oracle
+        same = [s for s in ok if s["config"].get("block_length") == main_block and s["score"] >= main["score"] - 1]
+        lines.append(f"at block {main_block} only: " + _closest(same, against))
     return lines
+
+
+def _closest(ok: list[dict[str, Any]], against: Any) -> str:
+    best = min((s for s in ok if not s["is_baseline"]), key=lambda s: s["nfe_ratio"], default=None)
+    if best is None:
+        return "no config but the baseline itself is within 1 point of the baseline (with an oracle ratio)"
+    verdict = "met" if best["nfe_ratio"] <= 1.5 else "not met"
+    where = against(best)[1].replace("against the baseline", "of the baseline", 1)
+    return (
+        f"closest to the oracle within 1 point {where}: `{best['label']}`, NFE / oracle "
+        f"{best['nfe_ratio']:.2f} (target <= 1.5, moonshot 1.25): {verdict}"
+    )
 
 
 def report(rows: list[dict[str, Any]], title: str, command: str | None = None) -> str:
