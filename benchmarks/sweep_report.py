@@ -126,9 +126,9 @@ def targets(summary: list[dict[str, Any]]) -> list[str]:
     main_block = max(bases, key=lambda b: (b is None, b or 0))  # None (the default block) first
     main = bases[main_block]
     lines = [f"baseline (`low_confidence` k=1): score {main['score']:.1f}, NFE {main['nfe']:.2f}"]
-    lines += [
-        f"baseline at block {b}: score {s['score']:.1f}, NFE {s['nfe']:.2f}" for b, s in bases.items() if b != main_block
-    ]
+    for b, s in bases.items():
+        if b != main_block:
+            lines.append(f"baseline at block {b}: score {s['score']:.1f}, NFE {s['nfe']:.2f}")
 
     def against(s: dict[str, Any]) -> tuple[dict[str, Any], str]:
         base = bases.get(s["config"].get("block_length"), main)
