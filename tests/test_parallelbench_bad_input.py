@@ -191,3 +191,27 @@ def test_sweep_plot_task_is_checked_before_decoding(tmp_path, capsys, no_loading
     line = _error_line(capsys)
     assert "--plot-task 'waiting_line/cpy'" in line and "tasks of this run: waiting_line/copy" in line
     assert not (tmp_path / "s.jsonl").exists()
+
+
+@needs_data
+def test_sweep_checks_the_shipped_filter_against_the_block_before_loading(tmp_path, capsys, no_loading):
+    # demo-llada's shipped Learn2PD filter is trained for block 32; a sweep that asks for it at block 16 learns so from
+    # the checkpoint directory before any weight is read (it used to fail when the sweep reached that config)
+    lf16 = {"sampler": "learned_filter", "sampler_options": {"filter": "shipped"}, "block_length": 16}
+    assert main(_sweep(tmp_path, {"configs": [lf16]})) == 2
+    line = _error_line(capsys)
+    assert "no config of the grid runs on these tasks" in line
+    assert "learn2pd_filter.safetensors was trained for block length 32, but decoding uses block length 16" in line
+    assert not (tmp_path / "s.jsonl").exists()
+
+
+@needs_data
+def test_sweep_skips_a_config_the_model_cannot_run_and_runs_the_rest(tmp_path, capsys):
+    lf16 = {"sampler": "learned_filter", "sampler_options": {"filter": "shipped"}, "block_length": 16}
+    lf32 = {"sampler": "learned_filter", "sampler_options": {"filter": "shipped"}, "block_length": 32}
+    assert main(_sweep(tmp_path, {"configs": [lf16, lf32]})) == 0
+    err = capsys.readouterr().err
+    assert "skipping config" in err and "trained for block length 32, but decoding uses block length 16" in err
+    rows = [json.loads(x) for x in (tmp_path / "s.jsonl").read_text().splitlines()]
+    assert [r["config"]["block_length"] for r in rows] == [32]
+    assert rows[0]["task"] == "waiting_line/copy" and rows[0]["score"] == 100.0  # the shipped model copies

@@ -24,9 +24,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dlm_decode.cli import add_compile_arg, add_decoding_args, check_components, decoding_kwargs
+
+if TYPE_CHECKING:
+    from dlm_decode.core.inputs import ModelFacts
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -80,9 +83,9 @@ def _load(args: argparse.Namespace):
     return load
 
 
-def _check_before_loading(args: argparse.Namespace, kw: dict[str, Any], tasks) -> None:
+def _check_before_loading(args: argparse.Namespace, kw: dict[str, Any], tasks) -> ModelFacts:
     """The decoding flags against config.json and every scored task's prompts (tokenizer files only), so a bad
-    configuration fails before any weight is read."""
+    configuration fails before any weight is read; returns the model's facts (for the sweep's per-config checks)."""
     from dlm_decode.models.loading import load_tokenizer, model_facts
     from dlm_decode.parallelbench.runner import check_task_kwargs, task_kwargs
 
@@ -91,6 +94,7 @@ def _check_before_loading(args: argparse.Namespace, kw: dict[str, Any], tasks) -
         raise ValueError(f"{args.model} ships no tokenizer: ParallelBench needs one for its chat prompts")
     for t in tasks:
         check_task_kwargs(task_kwargs(kw, t.name), t, facts, tok)
+    return facts
 
 
 def run(args: argparse.Namespace) -> int:
@@ -197,7 +201,7 @@ def _run_sweep(args: argparse.Namespace, kw: dict[str, Any], tasks) -> int:
         )
     base = {k: v for k, v in kw.items() if k not in ("sampler", "sampler_options", "steps", "block_length")}
     configs = expand_grid(load_grid(args.sweep), base)
-    _check_before_loading(args, base, tasks)
+    facts = _check_before_loading(args, base, tasks)
     meta = {"model": str(args.model), "source": _source(args), "limit": args.limit}
     if args.compile:
         meta["compile"] = args.compile
@@ -212,6 +216,7 @@ def _run_sweep(args: argparse.Namespace, kw: dict[str, Any], tasks) -> int:
             batch_size=args.batch_size,
             notice=_notice,
             progress=True,
+            facts=facts,
         )
     except Interrupted as e:
         print(

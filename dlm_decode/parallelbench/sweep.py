@@ -31,6 +31,7 @@ from typing import Any
 from dlm_decode.cache import get_cache
 from dlm_decode.core.config import resolve_lengths
 from dlm_decode.core.files import read_json_object
+from dlm_decode.core.inputs import ModelFacts
 from dlm_decode.parallelbench.aup import aup_table
 from dlm_decode.parallelbench.runner import (
     Interrupted,
@@ -175,11 +176,12 @@ def config_id(cfg: dict[str, Any], base: dict[str, Any]) -> str:
     return hashlib.sha1(blob.encode()).hexdigest()[:16]
 
 
-def usable(cfg: dict[str, Any], tasks: list[Task], base: dict[str, Any]) -> str | None:
-    """None when the config runs on every task, else why not (unregistered sampler, bad options, uneven k)."""
+def usable(cfg: dict[str, Any], tasks: list[Task], base: dict[str, Any], facts: ModelFacts | None = None) -> str | None:
+    """None when the config runs on every task, else why not (unregistered sampler, bad options, uneven k; given the
+    model's ``facts``, also what needs the model: e.g. a shipped Learn2PD filter trained for another block length)."""
     for t in tasks:
         try:
-            check_task_kwargs(task_kwargs(decoding_of(cfg, base), t.name, cfg.get("k")), t.name)
+            check_task_kwargs(task_kwargs(decoding_of(cfg, base), t.name, cfg.get("k")), t.name, facts)
         except ValueError as e:
             return str(e)
     return None
@@ -206,14 +208,19 @@ def check_config(cfg: dict[str, Any]) -> None:
 
 
 def runnable_configs(
-    configs: list[dict[str, Any]], tasks: list[Task], base: dict[str, Any], notice: Callable[[str], None]
+    configs: list[dict[str, Any]],
+    tasks: list[Task],
+    base: dict[str, Any],
+    notice: Callable[[str], None],
+    facts: ModelFacts | None = None,
 ) -> list[dict[str, Any]]:
-    """The configs that run on every task. A bad name or option is an error (``check_config``); a config that does
-    not fit a task is skipped with a notice; no config left is an error naming why each one failed."""
+    """The configs that run on every task (with ``facts``: on this model). A bad name or option is an error
+    (``check_config``); a config that does not fit a task or the model is skipped with a notice, before anything is
+    decoded; no config left is an error naming why each one failed."""
     runnable, why_not = [], []
     for c in configs:
         check_config(c)
-        why = usable(c, tasks, base)
+        why = usable(c, tasks, base, facts)
         if why is None:
             runnable.append(c)
         else:
@@ -281,10 +288,13 @@ def run_sweep(
     batch_size: int = 8,
     notice: Callable[[str], None] = print,
     progress: bool = False,
+    facts: ModelFacts | None = None,
 ) -> list[dict[str, Any]]:
     """Run every (task, config) not yet in ``out`` and append one JSON row each; returns the run's rows.
 
-    ``load()`` -> (model, tokenizer) is called only if something is left to do, after every check. ``meta`` (model,
+    ``load()`` -> (model, tokenizer) is called only if something is left to do, after every check; ``facts`` (the
+    model's ``config.json`` facts and checkpoint directory, ``models.loading.model_facts``) lets those checks skip a
+    config that cannot run on this model before the first decode. ``meta`` (model,
     source, limit) goes into every row and decides which existing rows count as done. ``progress``: one bar over the
     (config, task) runs. Ctrl-C raises ``runner.Interrupted`` with the rows written so far and the path.
     """
@@ -301,7 +311,7 @@ def run_sweep(
             notice(f"skipping {t.name}: {why}")
     if not scored:
         raise ValueError("no task of this sweep can be scored here: " + ", ".join(t.name for t in tasks))
-    runnable = runnable_configs(configs, scored, base, notice)
+    runnable = runnable_configs(configs, scored, base, notice, facts)
     mine = [r for r in read_rows(out, notice) if all(r.get(k) == meta.get(k) for k in ROW_KEYS)]
     done = {(r["task"], r["config_id"]) for r in mine}
     todo = [(c, t) for c in runnable for t in scored if (t.name, config_id(c, base)) not in done]
