@@ -201,7 +201,7 @@ for run in "$@"; do
     esac
     launch "$run" --arch "$arch" --init "$init" --short-format bare --short-batch 128 --full-batch 128 --lr 1.5e-4 \
       --stages "$stages" --warmup 100 --decay-steps 1500 --task-weights "$w" --row-workers 3 ;;
-  y1-llada | y2-dream | y3-grown | y4-llada)
+  y1-llada | y2-dream | y3-grown | y4-llada | z1-llada | z2-llada)
     # round nine (2026-11-27, README "Twenty-fifth round"): sort is the target left on both models (72 / 80) and
     # 1,200-2,100 CPU steps at batch 64 did not move it ("Twenty-third", "Twenty-fourth round"). The shipped
     # models' own stage (the twelve tasks, sort_close, latin_rest and the self rows of $SELF_DIR, the shipped models'
@@ -209,13 +209,19 @@ for run in "$@"; do
     # demo-llada (y1), demo-dream (y2), demo-llada grown to 5.8M parameters (y3: capacity), and from demo-llada with
     # sort and sort_close at half the official slots (y4: does sort form at all with that volume). $STEPS steps
     # (grown: $STEPS_GROWN), the last 1,500 decayed, exports every 1,000 (the lease keeps those named in $KEEP).
+    # Round ten (planned 2026-11-27, README "Twenty-sixth round"): demo-llada's latin square scores 87.3 on 1,000
+    # fresh squares against the official 93 and the CPU could not lift it (batch 64, 900 steps); the same stage from
+    # the shipped demo-llada with the latin rows doubled (z1) or at 1.5x (z2), lr 1e-4. Select on
+    # --generate-seed 20261127 --limit 200 for the latin square (the shipped weights: 91.5), never the official file.
     self=${SELF_DIR:-runs/self}
     puz=latin_square_n4+sudoku_n4_12+latin_rest
     w=copy=3,reverse=2,sort=8,sort_close=12,shuffle=1,insert_index=3,remove_index=2,replace_index=2.5,insert_random=2
     w=$w,remove_random=1,replace_random=3,next=4,missing_first=3,missing=1,latin_square_n4=16,latin_rest=12
     w=$w,sudoku_n4_12=6,self=8
     [[ $run == y4-llada ]] && w=${w/sort=8,sort_close=12/sort=36,sort_close=54}
-    arch=llada init=dlm_decode/demo_models/demo-llada lr=1.5e-4 steps=${STEPS:-4000} rows=llada
+    [[ $run == z1-llada ]] && w=${w/latin_square_n4=16,latin_rest=12/latin_square_n4=32,latin_rest=24}
+    [[ $run == z2-llada ]] && w=${w/latin_square_n4=16,latin_rest=12/latin_square_n4=24,latin_rest=18}
+    arch=llada init=dlm_decode/demo_models/demo-llada lr=1.5e-4 steps=${STEPS:-4000} rows=llada seed="9${run:1:1}1"
     case $run in
     y2-dream) arch=dream init=dlm_decode/demo_models/demo-dream rows=dream ;;
     y3-grown)
@@ -224,31 +230,14 @@ for run in "$@"; do
         --d-model 256 --mlp-hidden 768 --n-layers 6 >&2
       ;;
     y4-llada) lr=2e-4 ;;
+    z1-llada | z2-llada) lr=1e-4 seed="9${run:1:1}2" ;;
     esac
     stage="full[$ten+sort_close+missing_first+missing+next+$puz+self]"
     stage="$stage{share=0.5,pad=1,auxpad=1,icl=0.5,gap=48,auxchat=0}:$steps"
     launch "$run" --arch "$arch" --init "$init" --short-format bare --short-batch 128 --full-batch 128 --lr "$lr" \
       --stages "$stage" --warmup 100 --decay-steps 1500 --task-weights "$w" --row-workers 3 \
       --self-rows "$self/traj-$rows-shuffle/train.jsonl" "$self/traj-$rows-random/train.jsonl" \
-      --export-every 1000 --keep-exports --seed "9${run:1:1}1" ;;
-  z1-llada | z2-llada)
-    # round ten (planned 2026-11-27, README "Twenty-sixth round"): demo-llada's latin square scores 87.3 on 1,000
-    # fresh squares against the official 93; the CPU could not lift it (batch 64, 900 steps). y1's stage from the
-    # shipped demo-llada at batch 128 with the latin rows doubled (z1) or at 1.5x with sort kept at 8 / 12 (z2);
-    # select on --generate-seed 20261127 --limit 200 for the latin square (the shipped weights: 91.5), never the
-    # official file. $STEPS steps, the last 1,500 decayed.
-    self=${SELF_DIR:-runs/self}
-    puz=latin_square_n4+sudoku_n4_12+latin_rest
-    w=copy=3,reverse=2,sort=8,sort_close=12,shuffle=1,insert_index=3,remove_index=2,replace_index=2.5,insert_random=2
-    w=$w,remove_random=1,replace_random=3,next=4,missing_first=3,missing=1,latin_square_n4=32,latin_rest=24
-    w=$w,sudoku_n4_12=6,self=8
-    [[ $run == z2-llada ]] && w=${w/latin_square_n4=32,latin_rest=24/latin_square_n4=24,latin_rest=18}
-    stage="full[$ten+sort_close+missing_first+missing+next+$puz+self]"
-    stage="$stage{share=0.5,pad=1,auxpad=1,icl=0.5,gap=48,auxchat=0}:${STEPS:-4000}"
-    launch "$run" --arch llada --init dlm_decode/demo_models/demo-llada --short-format bare --short-batch 128 \
-      --full-batch 128 --lr 1e-4 --stages "$stage" --warmup 100 --decay-steps 1500 --task-weights "$w" \
-      --row-workers 3 --self-rows "$self/traj-llada-shuffle/train.jsonl" "$self/traj-llada-random/train.jsonl" \
-      --export-every 1000 --keep-exports --seed "9${run:1:1}2" ;;
+      --export-every 1000 --keep-exports --seed "$seed" ;;
   *) echo "unknown run $run" >&2; exit 2 ;;
   esac
 done
