@@ -298,6 +298,19 @@ def test_training_lowers_the_loss(llada_tok_dir, tmp_path):
         assert [r["step"] for r in evals] == [0, 8] and summary["eval"]["tasks"]["waiting_line/copy"]["nfe"] >= 1
 
 
+def test_fewer_trajectories_than_a_batch_is_a_clear_error_before_loading(llada_tok_dir, tmp_path, monkeypatch):
+    # 2 verified decodes at --batch-size 3: no full batch in an epoch (this used to divide by zero at step 1)
+    traj = write_trajectories(tmp_path / "traj", n=2)
+
+    def boom(*a, **k):
+        raise AssertionError("the model was loaded before the input error")
+
+    monkeypatch.setattr(dlm_decode, "load_model", boom)
+    with pytest.raises(ValueError, match=r"train\.jsonl: 2 trajectories, fewer than --batch-size 3"):
+        cf_train.main(train_args(llada_tok_dir, traj, tmp_path / "run", "--steps", "2"))
+    assert not (tmp_path / "run" / "log.jsonl").exists()
+
+
 def test_interrupt_and_resume_is_bitwise_identical(dream_tok_dir, tmp_path):
     traj = write_trajectories(tmp_path / "traj", n=7)  # 2 batches of 3 per epoch (1 row dropped): crosses epochs
     cf_train.main(train_args(dream_tok_dir, traj, tmp_path / "full", "--steps", "5"))

@@ -216,6 +216,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     demo = demo_train()
 
     rows = load_trajectories(traj_dir / "train.jsonl", args.max_rows)
+    if len(rows) < args.batch_size:  # an epoch would hold no full batch (checked before any weight is read)
+        raise ValueError(
+            f"{traj_dir / 'train.jsonl'}: {len(rows)} trajectories, fewer than --batch-size {args.batch_size}; "
+            "decode more (trajectories.py --n-per-task) or lower --batch-size"
+        )
     lengths = [len(p) + len(r) for p, r in rows]
     per_epoch = len(rows) // args.batch_size
     total = args.steps if args.steps is not None else max(1, round(args.epochs * per_epoch))
