@@ -417,4 +417,6 @@ def format_results(results: list[dict[str, Any]]) -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from dlm_decode.cli import run_script
+
+    run_script(main, "benchmarks/bench_speed.py")

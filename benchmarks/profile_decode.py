@@ -137,4 +137,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    main()
+    from dlm_decode.cli import run_script
+
+    run_script(main, "benchmarks/profile_decode.py")

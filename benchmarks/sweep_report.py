@@ -274,4 +274,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from dlm_decode.cli import run_script
+
+    run_script(main, "benchmarks/sweep_report.py")

@@ -122,4 +122,6 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    from dlm_decode.cli import run_script
+
+    run_script(main, "benchmarks/tune_attention.py")

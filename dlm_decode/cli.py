@@ -12,7 +12,8 @@ import importlib
 import importlib.util
 import json
 import sys
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NoReturn
 
 import dlm_decode
 from dlm_decode.cache import CACHES, get_cache
@@ -38,6 +39,26 @@ EXTRAS: dict[str, tuple[str, tuple[str, ...]]] = {"eval": ("eval", ("lm_eval",))
 
 class MissingExtraError(RuntimeError):
     """A subcommand needs an optional extra that is not installed."""
+
+
+# what a user's mistake raises (a bad option, a missing or wrong file): one line on stderr and exit status 2, never a
+# traceback; the same rule for ``dlm-decode`` and for the recipes' and benchmarks' scripts (``run_script``)
+USER_ERRORS: tuple[type[Exception], ...] = (ValueError, FileNotFoundError, MissingExtraError)
+
+
+def run_script(main: Callable[[], Any], prog: str) -> NoReturn:
+    """Run a script's ``main()`` and exit: its int return value is the status (anything else: 0); a user error
+    (``USER_ERRORS``) prints ``PROG: error: MESSAGE`` and exits 2; Ctrl-C prints ``PROG: interrupted`` and exits 130
+    (scripts that keep partial work, such as the training recipes' checkpoints, say on their own where it is)."""
+    try:
+        rc = main()
+    except USER_ERRORS as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        sys.exit(130)
+    sys.exit(rc if isinstance(rc, int) and not isinstance(rc, bool) else 0)
 
 
 def missing_extra(command: str) -> str | None:
@@ -229,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     try:
         return int(args._run(args) or 0)
-    except (ValueError, FileNotFoundError, MissingExtraError) as e:
+    except USER_ERRORS as e:
         print(f"dlm-decode {args.command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # Ctrl-C: no traceback; commands that keep partial results say where they are

@@ -68,4 +68,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from dlm_decode.cli import run_script
+
+    run_script(main, "train_demo/evaluate.py")

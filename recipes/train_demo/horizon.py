@@ -120,4 +120,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from dlm_decode.cli import run_script
+
+    run_script(main, "train_demo/horizon.py")

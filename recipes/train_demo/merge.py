@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import sys
 from pathlib import Path
 
 import torch
@@ -81,4 +80,6 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from dlm_decode.cli import run_script
+
+    run_script(main, "train_demo/merge.py")

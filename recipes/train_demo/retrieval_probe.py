@@ -114,4 +114,6 @@ def main(argv: list[str] | None = None) -> list[dict]:
 
 
 if __name__ == "__main__":
-    main()
+    from dlm_decode.cli import run_script
+
+    run_script(main, "train_demo/retrieval_probe.py")

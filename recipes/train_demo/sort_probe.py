@@ -117,4 +117,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    main()
+    from dlm_decode.cli import run_script
+
+    run_script(main, "train_demo/sort_probe.py")
