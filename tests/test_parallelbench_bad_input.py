@@ -215,3 +215,28 @@ def test_sweep_skips_a_config_the_model_cannot_run_and_runs_the_rest(tmp_path, c
     rows = [json.loads(x) for x in (tmp_path / "s.jsonl").read_text().splitlines()]
     assert [r["config"]["block_length"] for r in rows] == [32]
     assert rows[0]["task"] == "waiting_line/copy" and rows[0]["score"] == 100.0  # the shipped model copies
+
+
+@needs_data
+def test_run_sweep_without_facts_skips_what_the_loaded_model_cannot_run(tmp_path):
+    # a Python caller that gives run_sweep no facts: the configs the model cannot run are found once the model is
+    # loaded and skipped with a notice, before the first decode, and the others run
+    lf16 = {"sampler": "learned_filter", "sampler_options": {"filter": "shipped"}, "block_length": 16}
+    lf32 = {"sampler": "learned_filter", "sampler_options": {"filter": "shipped"}, "block_length": 32}
+    tasks = load_tasks(SHARED_DATA, ["waiting_line/copy"], limit=1)
+    notes: list[str] = []
+    loads: list[int] = []
+
+    def load():
+        loads.append(1)
+        model, tok = dlm_decode.load_model("demo-llada")
+        return model, tok
+
+    out = tmp_path / "s.jsonl"
+    rows = run_sweep(load, tasks, expand_grid({"configs": [lf16, lf32]}), out, notice=notes.append)
+    assert loads == [1]
+    assert [r["config"]["block_length"] for r in rows] == [32] and rows[0]["score"] == 100.0
+    assert [json.loads(x)["config"]["block_length"] for x in out.read_text().splitlines()] == [32]
+    skipped = [n for n in notes if n.startswith("skipping config")]
+    assert len(skipped) == 1
+    assert "trained for block length 32, but decoding uses block length 16" in skipped[0]
