@@ -6,7 +6,11 @@ published width (``random_models.py``), after one untimed warm-up call.
 For each cache it prints the operators with the most device (or, on the CPU, self) time and the share of the wall
 time the device was busy (a low share means the loop waits on the host: launches, syncs, Python). Before that, the
 median time of one bare forward at the full width (prompt + gen) and at one block (``bench_attention.median_ms``)
-and, on CUDA, a bare bf16 matmul's TFLOP/s at the MLP's shape as the machine's own yardstick. One JSON line last."""
+and, on CUDA, a bare bf16 matmul's TFLOP/s at the MLP's shape as the machine's own yardstick. One JSON line last.
+
+``--op-sites N`` also decodes once more under a dispatch mode that counts every ATen operator the call dispatches,
+and prints the operators per forward and the N lines of ``dlm_decode`` that dispatch the most (on a host-bound
+decode, where each operator costs a few microseconds of dispatch whatever its size, this says which code to thin)."""
 
 from __future__ import annotations
 
@@ -14,6 +18,8 @@ import argparse
 import json
 import sys
 import time
+import traceback
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -72,7 +78,46 @@ def profile_cache(model: Any, prompt: torch.Tensor, args: argparse.Namespace, ca
         f"{'device' if cuda else 'cpu'} self time {busy:.3f} s ({busy / wall:.0%} of wall)"
     )
     print(table.table(sort_by=key, row_limit=args.rows, max_name_column_width=60))
-    return {"cache": cache, "nfe": out.nfe, "wall_s": wall, "busy_s": busy, "busy_share": busy / wall}
+    summary = {"cache": cache, "nfe": out.nfe, "wall_s": wall, "busy_s": busy, "busy_share": busy / wall}
+    if args.op_sites:
+        summary |= count_ops(run, args.op_sites)
+    return summary
+
+
+def count_ops(run: Any, top: int) -> dict[str, Any]:
+    """Run ``run()`` once counting the ATen operators it dispatches, by operator and by the innermost ``dlm_decode``
+    source line that dispatched them ("other" when none: e.g. code of torch's own); print and return the counts per
+    forward (``run``'s output NFE)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    ops: Counter[str] = Counter()
+    sites: Counter[str] = Counter()
+    package = str(Path(dlm_decode.__file__).resolve().parent)
+
+    class Counting(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+            ops[str(func)] += 1
+            frames = [f for f in traceback.extract_stack(limit=16) if f.filename.startswith(package)]
+            where = f"{Path(frames[-1].filename).relative_to(package)}:{frames[-1].lineno}" if frames else "other"
+            sites[where] += 1
+            return func(*args, **(kwargs or {}))
+
+    with Counting():
+        nfe = run().nfe
+    total = sum(ops.values())
+    print(f"operators dispatched: {total} in {nfe} forwards, {total / nfe:.1f} per forward")
+    print("per forward  operator")
+    for name, n in ops.most_common(top):
+        print(f"{n / nfe:11.1f}  {name}")
+    print("per forward  dispatched from (dlm_decode/...)")
+    for where, n in sites.most_common(top):
+        print(f"{n / nfe:11.1f}  {where}")
+    return {
+        "ops_nfe": nfe,
+        "ops_per_forward": total / nfe,
+        "ops": dict(ops.most_common()),
+        "op_sites": dict(sites.most_common(top)),
+    }
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -87,12 +132,22 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--rows", type=int, default=18, help="operators printed per table")
     p.add_argument("--repeats", type=int, default=5, help="bare-forward timings (median)")
+    p.add_argument(
+        "--op-sites",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also count the ATen operators of one more decode per cache: per forward, the N most frequent and the N "
+        "dlm_decode source lines that dispatch the most",
+    )
     add_compile_arg(p, "; here every profiled decode (the bare forwards stay eager)")
     args = p.parse_args(argv)
     caches = [c for c in args.cache.split(",") if c]
     unknown = [c for c in caches if c not in dlm_decode.CACHES]
     if not caches or unknown:
         raise SystemExit(f"--cache: comma-separated names from {', '.join(dlm_decode.CACHES)}; got {args.cache!r}")
+    if args.op_sites < 0:
+        raise SystemExit(f"--op-sites must be >= 0 (0: no counts), got {args.op_sites}")
     if args.sampler not in dlm_decode.SAMPLERS:
         raise SystemExit(f"--sampler must be one of {', '.join(dlm_decode.SAMPLERS)}, got {args.sampler!r}")
     try:

@@ -9,6 +9,8 @@ import torch
 
 RANDOM_SHAPES: dict[str, dict[str, int]] = {
     "tiny": dict(d_model=128, n_layers=2, n_heads=4, n_kv_heads=4, mlp_hidden_size=344, vocab_size=512),
+    # the widths of issue 16's CPU table (``versus_reference``'s demo checkpoint; not the shipped demo models' widths)
+    "demo": dict(d_model=256, n_layers=6, n_heads=8, n_kv_heads=8, mlp_hidden_size=768, vocab_size=2048),
     "llada-8b": dict(d_model=4096, n_layers=32, n_heads=32, n_kv_heads=32, mlp_hidden_size=12288, vocab_size=126464),
 }
 

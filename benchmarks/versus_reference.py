@@ -89,9 +89,10 @@ from dlm_decode.models.loading import parse_dtype  # noqa: E402
 from dlm_decode.parallelbench.runner import render_table  # noqa: E402
 
 PROMPT_LENGTH, BLOCK_LENGTH, THRESHOLD = 64, 32, 0.9
-DEMO_SIZE = {"d_model": 256, "n_layers": 6, "n_heads": 8, "n_kv_heads": 8, "mlp_hidden_size": 768}
-DEMO_VOCAB = 2048
-SIZES = ("demo", *RANDOM_SHAPES)  # --vr-size: the demo checkpoint, or a random_models shape
+DEMO_SIZE = {k: v for k, v in RANDOM_SHAPES["demo"].items() if k != "vocab_size"}
+DEMO_VOCAB = RANDOM_SHAPES["demo"]["vocab_size"]
+# --vr-size: "demo" is written as an official checkpoint and loaded (``load``); the others are random_models built
+SIZES = ("demo", *(s for s in RANDOM_SHAPES if s != "demo"))
 # peak memory bandwidth (GB/s) of the accelerators the roofline column knows by name; --peak-gbps overrides
 PEAK_GBPS = {"H200": 4800.0, "H100 PCIe": 2000.0, "H100": 3350.0, "A100-SXM4-80GB": 2039.0, "A100-SXM4-40GB": 1555.0}
 

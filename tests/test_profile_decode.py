@@ -51,3 +51,29 @@ def test_profile_refuses_unknown_names_before_building_a_model(argv, words, monk
     with pytest.raises(SystemExit) as e:
         prof.main(argv)
     assert all(w in str(e.value) for w in words)
+
+
+def test_op_sites_count_the_forwards_matmuls_exactly(capsys):
+    # every forward of the tiny LLaDA (2 layers) dispatches one matmul per projection (q, k, v, out, and the MLP's
+    # three) in each layer plus the LM head: 7 * 2 + 1 = 15, whatever the cache; nothing else in a threshold decode
+    # multiplies matrices
+    prof = load_script("benchmarks/profile_decode.py")
+    out = prof.main(
+        ["--shape", "tiny", "--gen", "64", "--cache", "none,dual", "--rows", "2", "--repeats", "1"]
+        + ["--op-sites", "5"]
+    )
+    printed = capsys.readouterr().out
+    for row in out["caches"]:
+        assert row["ops_nfe"] == row["nfe"]
+        assert row["ops"]["aten.mm.default"] == 15 * row["nfe"]
+        assert row["ops_per_forward"] == pytest.approx(sum(row["ops"].values()) / row["nfe"])
+        assert len(row["op_sites"]) == 5 and all(n > 0 for n in row["op_sites"].values())
+        assert any(site.startswith("models/") for site in row["op_sites"])  # the layers dispatch most
+    assert printed.count("per forward  dispatched from (dlm_decode/...)") == 2
+
+
+def test_op_sites_must_not_be_negative(monkeypatch):
+    prof = load_script("benchmarks/profile_decode.py")
+    monkeypatch.setattr(prof, "random_llada", lambda *a, **k: pytest.fail("built a model before checking arguments"))
+    with pytest.raises(SystemExit, match="--op-sites must be >= 0"):
+        prof.main(["--op-sites", "-1"])
