@@ -240,3 +240,15 @@ def test_run_sweep_without_facts_skips_what_the_loaded_model_cannot_run(tmp_path
     skipped = [n for n in notes if n.startswith("skipping config")]
     assert len(skipped) == 1
     assert "trained for block length 32, but decoding uses block length 16" in skipped[0]
+
+
+@needs_data
+@pytest.mark.parametrize("limit", ["0", "-3"])
+def test_limit_below_one_is_an_error_not_a_table_of_empty_tasks(limit, tmp_path, capsys, no_loading):
+    # --limit 0 used to score nothing and print every task as "0 skipped" with exit status 0 (a silent empty result)
+    argv = ["parallelbench", "--data", str(SHARED_DATA), "--tasks", "waiting_line/copy", "--limit", limit]
+    for extra in ([], ["--sweep", "quick", "--out", str(tmp_path / "s.jsonl")]):
+        assert main([*argv, *extra]) == 2
+        line = _error_line(capsys)
+        assert line.endswith(f"--limit must be >= 1 (samples per task; leave it out for all), got {limit}")
+    assert not (tmp_path / "s.jsonl").exists()

@@ -113,6 +113,8 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
     if args.threads < 1:
         raise ValueError(f"--threads must be >= 1, got {args.threads}")
+    if args.limit is not None and args.limit < 1:  # 0 would score nothing and print a table of empty tasks
+        raise ValueError(f"--limit must be >= 1 (samples per task; leave it out for all), got {args.limit}")
     import torch
 
     from dlm_decode.models.loading import check_device
