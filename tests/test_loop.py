@@ -26,6 +26,15 @@ from dlm_decode.core.config import DecodeConfig
         (dict(top_p=1.5), "top_p"),
         (dict(top_k=-1), "top_k must be an integer >= 0"),
         (dict(top_k=2.5), "top_k"),
+        # a bool is no length, a string no number (they used to pass as 1, or fail deep in the loop)
+        (dict(gen_length=True), "gen_length must be a positive integer, got True"),
+        (dict(block_length=True), "block_length must be a positive integer or None, got True"),
+        (dict(steps=True), "steps must be a positive integer or None, got True"),
+        (dict(top_p="0.5"), r"top_p must be in \(0, 1\], got '0.5'"),
+        (dict(temperature=True), "temperature must be a finite number >= 0, got True"),
+        (dict(cfg_scale="1"), "cfg_scale must be >= 0, got '1'"),
+        (dict(seed=1.5), "seed must be an integer or None, got 1.5"),
+        (dict(stop_at_eos="yes"), "stop_at_eos must be True or False, got 'yes'"),
     ],
 )
 def test_bad_decoding_arguments_fail_before_work(llada, kwargs, match):
@@ -52,6 +61,11 @@ def test_bad_prompts_fail_before_work(llada):
         dlm_decode.generate(llada, ["hello"])
     with pytest.raises(ValueError, match="not a single string"):
         dlm_decode.generate(llada, "hello")
+    # token ids as a float or bool tensor: refused, not truncated (int(5.7) would have been 5)
+    with pytest.raises(ValueError, match="input_ids tensor must hold integer token ids, got dtype float32"):
+        dlm_decode.generate(llada, torch.tensor([[4.0, 5.7]]))
+    with pytest.raises(ValueError, match="prompt 1 must hold integer token ids, got dtype bool"):
+        dlm_decode.generate(llada, [torch.tensor([4, 5]), torch.tensor([True, False])])
 
 
 def test_statistics_are_consistent(llada):

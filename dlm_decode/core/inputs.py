@@ -52,6 +52,7 @@ def encode_prompts(prompts: Sequence[Prompt] | torch.Tensor, tokenizer: Any | No
     if isinstance(prompts, torch.Tensor):
         if prompts.dim() != 2:
             raise ValueError(f"input_ids tensor must be [B, P], got shape {tuple(prompts.shape)}")
+        _check_id_dtype(prompts, "input_ids tensor")
         return [list(map(int, row)) for row in prompts.tolist()]
     if isinstance(prompts, str | dict):
         raise ValueError("prompts must be a list (one entry per row), not a single string or message")
@@ -67,6 +68,7 @@ def encode_prompts(prompts: Sequence[Prompt] | torch.Tensor, tokenizer: Any | No
             text = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
             out.append(list(tokenizer(text, add_special_tokens=False)["input_ids"]))
         elif isinstance(p, torch.Tensor):
+            _check_id_dtype(p, f"prompt {i}")
             out.append([int(t) for t in p.reshape(-1).tolist()])
         elif isinstance(p, Sequence):
             if not all(isinstance(t, int) and not isinstance(t, bool) for t in p):
@@ -77,6 +79,12 @@ def encode_prompts(prompts: Sequence[Prompt] | torch.Tensor, tokenizer: Any | No
                 f"prompt {i}: expected text, a chat (list of messages) or token ids, got {type(p).__name__}"
             )
     return out
+
+
+def _check_id_dtype(ids: torch.Tensor, what: str) -> None:
+    """Token ids come as an integer tensor; a float or bool one is refused (``int()`` would truncate 5.7 to 5)."""
+    if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
+        raise ValueError(f"{what} must hold integer token ids, got dtype {str(ids.dtype).removeprefix('torch.')}")
 
 
 def build_canvas(
