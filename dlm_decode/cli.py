@@ -48,12 +48,18 @@ USER_ERRORS: tuple[type[Exception], ...] = (ValueError, FileNotFoundError, Missi
 
 def run_script(main: Callable[[], Any], prog: str) -> NoReturn:
     """Run a script's ``main()`` and exit: its int return value is the status (anything else: 0); a user error
-    (``USER_ERRORS``) prints ``PROG: error: MESSAGE`` and exits 2; Ctrl-C prints ``PROG: interrupted`` and exits 130
-    (scripts that keep partial work, such as the training recipes' checkpoints, say on their own where it is)."""
+    (``USER_ERRORS``, or ``SystemExit`` with a message) prints ``PROG: error: MESSAGE`` and exits 2; Ctrl-C prints
+    ``PROG: interrupted`` and exits 130 (scripts that keep partial work, such as the training recipes' checkpoints,
+    say on their own where it is); argparse's own exits (``--help``, a usage error) pass through as they are."""
     try:
         rc = main()
     except USER_ERRORS as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
+        sys.exit(2)
+    except SystemExit as e:  # ``raise SystemExit("message")``, the scripts' older way to refuse an option
+        if not isinstance(e.code, str):
+            raise
+        print(f"{prog}: error: {e.code}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)

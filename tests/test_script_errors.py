@@ -27,8 +27,16 @@ def test_run_script_turns_user_errors_into_one_line_and_status_2(capsys):
     def missing_file():
         raise FileNotFoundError("runs/x/train.jsonl not found")
 
+    def old_style():
+        raise SystemExit("--stages: no stage given")
+
+    def usage_error():
+        raise SystemExit(2)  # argparse's exit after printing its own usage line
+
     assert _exit(bad_option, capsys) == (2, "some/script.py: error: --limit must be >= 1, got 0\n")
     assert _exit(missing_file, capsys) == (2, "some/script.py: error: runs/x/train.jsonl not found\n")
+    assert _exit(old_style, capsys) == (2, "some/script.py: error: --stages: no stage given\n")
+    assert _exit(usage_error, capsys) == (2, "")
 
 
 def test_run_script_keeps_the_status_main_returns_and_reports_ctrl_c(capsys):
@@ -56,6 +64,11 @@ def test_run_script_lets_bugs_raise():
             "recipes/certainty_forcing/trajectories.py",
             ["--model", "demo-llada", "--out", "unused", "--seed", "5", "--heldout-seed", "5"],
             "certainty_forcing/trajectories.py: error: --seed and --heldout-seed must differ",
+        ),
+        (
+            "recipes/train_demo/train.py",
+            ["--parallelbench", "unused", "--tokenizer", "no/such/dir", "--out", "unused"],
+            "train.py: error: --tokenizer: no/such/dir holds no tokenizer.json (tokenizer.py writes the directory)",
         ),
         (
             "recipes/learn2pd/train_filter.py",

@@ -628,6 +628,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for p in args.self_rows:
         if not Path(p).is_file():
             ap.error(f"--self-rows: {p} is not a file (give trajectories.py's train.jsonl)")
+    if not (Path(args.tokenizer) / "tokenizer.json").is_file():
+        ap.error(f"--tokenizer: {args.tokenizer} holds no tokenizer.json (tokenizer.py writes the directory)")
     return args
 
 
