@@ -169,3 +169,16 @@ def test_end_of_turn_tokens_count_as_eos(llada, tmp_path):
     tok = AutoTokenizer.from_pretrained(tmp_path)
     assert eos_ids(llada, None) == [EOS]
     assert eos_ids(llada, tok) == sorted({EOS, EOT})
+
+
+def test_numpy_scalars_are_taken_as_python_numbers(llada):
+    np = pytest.importorskip("numpy")
+    cfg = DecodeConfig(gen_length=np.int64(16), block_length=np.int32(8), temperature=np.float32(0.5), seed=np.int64(3))
+    assert (cfg.gen_length, cfg.block_length, cfg.seed) == (16, 8, 3) and type(cfg.gen_length) is int
+    assert cfg.temperature == 0.5 and type(cfg.temperature) is float
+    out = dlm_decode.generate(llada, [[5, 6, 7]], gen_length=np.int64(16), block_length=np.int64(8), steps=np.int64(8))
+    assert out.sequences.shape == (1, 3 + 16) and out.nfe == 8
+    with pytest.raises(ValueError, match="gen_length must be a positive integer, got np.True_"):
+        DecodeConfig(gen_length=np.bool_(True))
+    with pytest.raises(ValueError, match="gen_length must be a positive integer"):
+        DecodeConfig(gen_length=np.float64(16.0))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 
 
@@ -35,6 +36,8 @@ class DecodeConfig:
     cfg_scale: float = 0.0
 
     def __post_init__(self) -> None:
+        for name in ("gen_length", "block_length", "steps", "top_k", "seed", "temperature", "top_p", "cfg_scale"):
+            _plain(self, name)  # numpy / torch scalars as Python numbers (e.g. a length read from an array)
         if not _count(self.gen_length) or self.gen_length < 1:
             raise ValueError(f"gen_length must be a positive integer, got {self.gen_length!r}")
         if self.block_length is not None and (not _count(self.block_length) or self.block_length < 1):
@@ -53,6 +56,18 @@ class DecodeConfig:
             raise ValueError(f"stop_at_eos must be True or False, got {self.stop_at_eos!r}")
         if not _number(self.cfg_scale) or self.cfg_scale < 0:
             raise ValueError(f"cfg_scale must be >= 0, got {self.cfg_scale!r}")
+
+
+def _plain(cfg: DecodeConfig, name: str) -> None:
+    """Replace a numpy or torch integer / real scalar in field ``name`` with the Python int / float of it (bools and
+    other types are left for the checks to judge)."""
+    x = getattr(cfg, name)
+    if isinstance(x, bool | int | float) or x is None:
+        return
+    if isinstance(x, numbers.Integral):
+        object.__setattr__(cfg, name, int(x))
+    elif isinstance(x, numbers.Real):
+        object.__setattr__(cfg, name, float(x))
 
 
 def _count(x: object) -> bool:
