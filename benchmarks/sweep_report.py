@@ -260,11 +260,11 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     path = Path(args.jsonl)
     if not path.is_file():
-        raise SystemExit(f"sweep_report: {path} does not exist (write it with dlm-decode parallelbench --sweep --out)")
+        raise SystemExit(f"{path} does not exist (write it with dlm-decode parallelbench --sweep --out)")
     try:
         text = report(read_rows(path), args.title, args.command)
     except ValueError as e:
-        raise SystemExit(f"sweep_report: {path}: {e}") from None
+        raise SystemExit(f"{path}: {e}") from None
     if args.out:
         Path(args.out).write_text(text)
         print(f"wrote {args.out}")

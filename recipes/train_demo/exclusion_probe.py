@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> None:
         data = require_data_dir(args.data)
         tasks = [load_task(data, t) for t in TASKS]
     except FileNotFoundError as err:
-        raise SystemExit(f"exclusion_probe: {err}") from None
+        raise SystemExit(str(err)) from None
     model, tok = load_model(args.model, dtype=torch.float32)
     model.eval()
     result = {"model": args.model, "seed": args.seed}

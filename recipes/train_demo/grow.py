@@ -42,7 +42,7 @@ def grow(old: LLaDAModelLM, d_model: int, mlp_hidden: int, n_layers: int, seed: 
     hd = c.d_model // c.n_heads
     d, m = c.d_model, c.mlp_hidden_size or c.mlp_ratio * c.d_model
     if c.n_kv_heads != c.n_heads:
-        raise SystemExit("grow.py: grouped-query models are not supported (n_kv_heads must equal n_heads)")
+        raise SystemExit("grouped-query models are not supported (n_kv_heads must equal n_heads)")
     if d_model < d or d_model % hd or mlp_hidden < m or n_layers < c.n_layers:
         raise SystemExit(
             f"grow.py: the new size must contain the old one (d_model >= {d}, a multiple of the head dim {hd}; "
@@ -50,7 +50,7 @@ def grow(old: LLaDAModelLM, d_model: int, mlp_hidden: int, n_layers: int, seed: 
             f"n_layers {n_layers}"
         )
     if c.weight_tying or c.include_bias or c.include_qkv_bias:
-        raise SystemExit("grow.py: tied embeddings and biases are not supported (the demo models have neither)")
+        raise SystemExit("tied embeddings and biases are not supported (the demo models have neither)")
     ratio = d / d_model
     cfg = LLaDAConfig(
         **{
