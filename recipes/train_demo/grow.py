@@ -45,7 +45,7 @@ def grow(old: LLaDAModelLM, d_model: int, mlp_hidden: int, n_layers: int, seed: 
         raise SystemExit("grouped-query models are not supported (n_kv_heads must equal n_heads)")
     if d_model < d or d_model % hd or mlp_hidden < m or n_layers < c.n_layers:
         raise SystemExit(
-            f"grow.py: the new size must contain the old one (d_model >= {d}, a multiple of the head dim {hd}; "
+            f"the new size must contain the old one (d_model >= {d}, a multiple of the head dim {hd}; "
             f"mlp_hidden >= {m}; n_layers >= {c.n_layers}), got d_model {d_model}, mlp_hidden {mlp_hidden}, "
             f"n_layers {n_layers}"
         )
