@@ -294,10 +294,10 @@ def run_sweep(
 
     ``load()`` -> (model, tokenizer) is called only if something is left to do, after every check; ``facts`` (the
     model's ``config.json`` facts and checkpoint directory, ``models.loading.model_facts``) lets those checks skip a
-    config that cannot run on this model before the model is loaded; without them the same check runs once the model
-    is loaded, before the first decode (``_unfit_for``). ``meta`` (model,
-    source, limit) goes into every row and decides which existing rows count as done. ``progress``: one bar over the
-    (config, task) runs. Ctrl-C raises ``runner.Interrupted`` with the rows written so far and the path.
+    config that cannot run on this model before the model is loaded; without them the same check
+    (``runnable_configs``) runs once the model is loaded, before the first decode. ``meta`` (model, source, limit)
+    goes into every row and decides which existing rows count as done. ``progress``: one bar over the (config, task)
+    runs. Ctrl-C raises ``runner.Interrupted`` with the rows written so far and the path.
     """
     from tqdm.auto import tqdm
 
@@ -321,7 +321,7 @@ def run_sweep(
     out.parent.mkdir(parents=True, exist_ok=True)
     _cut_partial_line(out)
     model = tok = None
-    unfit: set[str] = set()  # configs the loaded model cannot run (found after loading when ``facts`` was not given)
+    fit = None  # without ``facts``: the ids of the configs the loaded model runs (the same check, after loading)
     bar = tqdm(todo, desc="sweep", unit="run", disable=not progress)
     try:
         with out.open("a") as f:
@@ -330,9 +330,10 @@ def run_sweep(
                 if model is None:
                     model, tok = load()
                     if facts is None:
-                        unfit = _unfit_for(model, [c for c, _ in todo], scored, base, notice)
+                        runnable = runnable_configs(runnable, scored, base, notice, ModelFacts.of_model(model))
+                        fit = {config_id(r, base) for r in runnable}
                     warm_up(model, tok, scored)
-                if config_id(c, base) in unfit:
+                if fit is not None and config_id(c, base) not in fit:
                     continue
                 res = run_task(model, tok, t, decoding_of(c, base), k=c.get("k"), batch_size=batch_size)
                 row = {**meta, "config_id": config_id(c, base), "label": c["label"], "method": c["method"]}
@@ -345,23 +346,9 @@ def run_sweep(
         raise Interrupted(mine, out) from e
     finally:
         bar.close()
-    ids = {config_id(c, base) for c in runnable} - unfit
+    ids = {config_id(c, base) for c in runnable}
     names = {t.name for t in scored}
     return [r for r in mine if r["config_id"] in ids and r["task"] in names]
-
-
-def _unfit_for(
-    model: Any, configs: list[dict[str, Any]], tasks: list[Task], base: dict[str, Any], notice: Callable[[str], None]
-) -> set[str]:
-    """The ids of ``configs`` the loaded ``model`` cannot run (``usable`` with its facts), each skipped with a notice:
-    what ``run_sweep``'s ``facts`` checks before loading, for callers that do not give them."""
-    facts, unfit = ModelFacts.of_model(model), set()
-    for c in {config_id(c, base): c for c in configs}.values():
-        why = usable(c, tasks, base, facts)
-        if why is not None:
-            unfit.add(config_id(c, base))
-            notice(f"skipping config {c['label']!r}: {why}")
-    return unfit
 
 
 # ------------------------------------------------------------------------------------------------ analysis
