@@ -18,6 +18,16 @@ def resolve(registry: dict[str, type[T]], name: str, kind: str) -> type[T]:
     return registry[name]
 
 
+def is_int(value: Any) -> bool:
+    """An integer value: an int, not a bool (True is no length or count)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_real(value: Any) -> bool:
+    """A real value: a finite int or float, not a bool."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def check_probability(owner: str, key: str, value: Any) -> None:
     """Raise unless ``value`` is a number in (0, 1] (a threshold on a probability)."""
     if not (isinstance(value, int | float) and math.isfinite(value) and 0.0 < value <= 1.0):
@@ -28,7 +38,7 @@ def check_count(owner: str, key: str, value: Any, *, optional: bool = False) -> 
     """Raise unless ``value`` is an integer >= 1 (or None when ``optional``); bool is no count."""
     if optional and value is None:
         return
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    if not is_int(value) or value < 1:
         either = " (or None)" if optional else ""
         raise ValueError(f"{owner}: {key} must be an integer >= 1{either}, got {value!r}")
 

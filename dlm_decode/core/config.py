@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import math
 import numbers
 from dataclasses import dataclass
+
+from dlm_decode.options import is_int, is_real
 
 
 @dataclass(frozen=True)
@@ -38,23 +39,23 @@ class DecodeConfig:
     def __post_init__(self) -> None:
         for name in ("gen_length", "block_length", "steps", "top_k", "seed", "temperature", "top_p", "cfg_scale"):
             _plain(self, name)  # numpy / torch scalars as Python numbers (e.g. a length read from an array)
-        if not _count(self.gen_length) or self.gen_length < 1:
+        if not is_int(self.gen_length) or self.gen_length < 1:
             raise ValueError(f"gen_length must be a positive integer, got {self.gen_length!r}")
-        if self.block_length is not None and (not _count(self.block_length) or self.block_length < 1):
+        if self.block_length is not None and (not is_int(self.block_length) or self.block_length < 1):
             raise ValueError(f"block_length must be a positive integer or None, got {self.block_length!r}")
-        if self.steps is not None and (not _count(self.steps) or self.steps < 1):
+        if self.steps is not None and (not is_int(self.steps) or self.steps < 1):
             raise ValueError(f"steps must be a positive integer or None, got {self.steps!r}")
-        if not _number(self.temperature) or self.temperature < 0:
+        if not is_real(self.temperature) or self.temperature < 0:
             raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
-        if self.top_p is not None and not (_number(self.top_p) and 0.0 < self.top_p <= 1.0):
+        if self.top_p is not None and not (is_real(self.top_p) and 0.0 < self.top_p <= 1.0):
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
-        if self.top_k is not None and (not _count(self.top_k) or self.top_k < 0):
+        if self.top_k is not None and (not is_int(self.top_k) or self.top_k < 0):
             raise ValueError(f"top_k must be an integer >= 0 (0: no top-k filter) or None, got {self.top_k!r}")
-        if self.seed is not None and not _count(self.seed):
+        if self.seed is not None and not is_int(self.seed):
             raise ValueError(f"seed must be an integer or None, got {self.seed!r}")
         if not isinstance(self.stop_at_eos, bool):
             raise ValueError(f"stop_at_eos must be True or False, got {self.stop_at_eos!r}")
-        if not _number(self.cfg_scale) or self.cfg_scale < 0:
+        if not is_real(self.cfg_scale) or self.cfg_scale < 0:
             raise ValueError(f"cfg_scale must be >= 0, got {self.cfg_scale!r}")
 
 
@@ -68,16 +69,6 @@ def _plain(cfg: DecodeConfig, name: str) -> None:
         object.__setattr__(cfg, name, int(x))
     elif isinstance(x, numbers.Real):
         object.__setattr__(cfg, name, float(x))
-
-
-def _count(x: object) -> bool:
-    """An integer option's value: an int, not a bool (True is no length or count)."""
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
-def _number(x: object) -> bool:
-    """A real option's value: a finite int or float, not a bool."""
-    return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
 
 
 DEFAULT_BLOCK_LENGTH = 32  # blockwise samplers' block when none is given (LLaDA / Fast-dLLM references)

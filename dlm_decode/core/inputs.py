@@ -10,6 +10,8 @@ from typing import Any
 
 import torch
 
+from dlm_decode.options import is_int
+
 Prompt = str | Sequence[int] | Sequence[dict[str, str]]
 
 
@@ -71,7 +73,7 @@ def encode_prompts(prompts: Sequence[Prompt] | torch.Tensor, tokenizer: Any | No
             _check_id_dtype(p, f"prompt {i}")
             out.append([int(t) for t in p.reshape(-1).tolist()])
         elif isinstance(p, Sequence):
-            if not all(isinstance(t, int) and not isinstance(t, bool) for t in p):
+            if not all(is_int(t) for t in p):
                 raise ValueError(f"prompt {i}: token ids must be integers, got {list(p)[:8]!r}")
             out.append(list(p))
         else:

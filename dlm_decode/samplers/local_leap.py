@@ -18,7 +18,7 @@ import torch
 
 from dlm_decode.core.masks import dilate
 from dlm_decode.core.state import DecodeState
-from dlm_decode.options import check_probability
+from dlm_decode.options import check_probability, is_int
 from dlm_decode.samplers.base import Sampler, Selection, candidates
 from dlm_decode.samplers.threshold import top1
 
@@ -37,7 +37,7 @@ class LocalLeap(Sampler):
         check_probability(self.name, "tau_relaxed", self.tau_relaxed)
         if self.tau_relaxed > self.kappa:
             raise ValueError(f"{self.name}: tau_relaxed ({self.tau_relaxed}) must be <= kappa ({self.kappa})")
-        if not isinstance(self.radius, int) or isinstance(self.radius, bool) or self.radius < 0:
+        if not is_int(self.radius) or self.radius < 0:
             raise ValueError(f"{self.name}: radius must be an integer >= 0, got {self.radius!r}")
 
     def select(self, state: DecodeState, logits: torch.Tensor, r0: int) -> Selection:
