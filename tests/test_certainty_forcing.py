@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -22,7 +23,7 @@ sys.path.insert(0, str(REPO / "recipes"))
 from certainty_forcing import train as cf_train  # noqa: E402
 from certainty_forcing.lora import LORA_TARGETS, add_lora, export, merge  # noqa: E402
 from certainty_forcing.losses import certainty_forcing_loss, view_terms  # noqa: E402
-from certainty_forcing.masking import complementary_views, example_uniforms  # noqa: E402
+from certainty_forcing.masking import complementary_views, example_ratios, example_uniforms  # noqa: E402
 from conftest import SHARED_DATA  # noqa: E402
 
 
@@ -91,6 +92,34 @@ def test_masks_depend_on_the_example_not_on_padding():
             row, s1, n1, mask_id=MASK, uniforms=example_uniforms(3, 7, [10 + i], s1, n1, row.shape[1])
         )
         assert torch.equal(alone.loss_a[0, 1:], batch.loss_a[i, int(start[i]) :])
+
+
+def test_per_row_ratios_mask_each_row_at_its_own_rate():
+    # Dream layout (whole response active), responses of 400 tokens so a row's share of masked tokens is near its ratio
+    ids, start, length = left_padded([5, 9, 3], [400, 400, 400])
+    u = example_uniforms(1, 2, [0, 1, 2], start, length, ids.shape[1])
+    ratios = torch.tensor([0.1, 0.5, 0.95])
+    v = complementary_views(ids, start, length, mask_id=MASK, uniforms=u, semi_ar=False, ratio=ratios)
+    share = v.loss_a.sum(1) / 400.0
+    assert torch.allclose(share, ratios, atol=0.06), share
+    assert torch.equal(v.loss_a | v.loss_b, v.active) and not (v.loss_a & v.loss_b).any()
+    # a row at ratio r is masked exactly where the same draws are below r, whatever the other rows' ratios
+    fixed = complementary_views(ids, start, length, mask_id=MASK, uniforms=u, semi_ar=False, ratio=0.95)
+    assert torch.equal(v.loss_a[2], fixed.loss_a[2]) and not torch.equal(v.loss_a[0], fixed.loss_a[0])
+    with pytest.raises(ValueError, match="one per row"):
+        complementary_views(ids, start, length, mask_id=MASK, uniforms=u, ratio=torch.tensor([0.5, 0.5]))
+    with pytest.raises(ValueError, match=r"\(0, 1\)"):
+        complementary_views(ids, start, length, mask_id=MASK, uniforms=u, ratio=torch.tensor([0.5, 1.0, 0.5]))
+
+
+def test_example_ratios_are_uniform_in_the_range_and_reproducible():
+    r = example_ratios(0, 5, list(range(2000)), 0.5, 0.99)
+    assert r.min() >= 0.5 and r.max() <= 0.99
+    assert abs(float(r.mean()) - 0.745) < 0.01  # the middle of the range
+    assert torch.equal(r[[7, 3]], example_ratios(0, 5, [7, 3], 0.5, 0.99))  # per example, not per batch position
+    assert not torch.equal(r[:10], example_ratios(0, 6, list(range(10)), 0.5, 0.99))  # a new draw every step
+    with pytest.raises(ValueError, match="low <= high"):
+        example_ratios(0, 0, [1], 0.9, 0.5)
 
 
 # ------------------------------------------------------------------------------------------------ loss
@@ -296,6 +325,36 @@ def test_training_lowers_the_loss(llada_tok_dir, tmp_path):
     if extra:
         evals = [r for r in log if "eval" in r]
         assert [r["step"] for r in evals] == [0, 8] and summary["eval"]["tasks"]["waiting_line/copy"]["nfe"] >= 1
+
+
+def test_ratio_range_draws_a_ratio_per_example(llada_tok_dir, tmp_path):
+    traj = write_trajectories(tmp_path / "traj", n=3)
+    rows = cf_train.load_trajectories(traj / "train.jsonl")
+    model = dlm_decode.load_model(llada_tok_dir)[0]
+    kw = dict(seed=9, step=4, mask_id=MASK, pad_id=EOS, arch="llada", beta=2.0)
+    with torch.no_grad():
+        fixed = cf_train.example_losses(model, rows, [0, 1, 2], ratio=0.9, **kw)[0]
+        ranged = cf_train.example_losses(model, rows, [0, 1, 2], ratio_range=(0.9, 0.9), **kw)[0]
+        wide = cf_train.example_losses(model, rows, [0, 1, 2], ratio_range=(0.5, 0.99), **kw)[0]
+        shuffled = [rows[i] for i in (2, 0, 1)]
+        again = cf_train.example_losses(model, shuffled, [2, 0, 1], ratio_range=(0.5, 0.99), **kw)[0]
+    assert torch.allclose(fixed, ranged)  # a one-point range is that fixed ratio
+    assert not torch.allclose(fixed, wide)
+    assert torch.allclose(again, wide[[2, 0, 1]], atol=1e-6)  # the ratio follows the example, not its batch slot
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--ratio-range", "0.5", "1"], "--ratio-range LOW HIGH must satisfy 0 < LOW <= HIGH < 1"),
+        (["--ratio-range", "0.8", "0.6"], "--ratio-range LOW HIGH must satisfy"),
+        (["--ratio", "1.5"], r"--ratio must lie in \(0, 1\)"),
+    ],
+)
+def test_bad_mask_ratio_options_are_usage_errors(extra, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        cf_train.parse_args(["--model", "m", "--traj", "t", "--out", "o", *extra])
+    assert e.value.code == 2 and re.search(message, capsys.readouterr().err)
 
 
 def test_fewer_trajectories_than_a_batch_is_a_clear_error_before_loading(llada_tok_dir, tmp_path, monkeypatch):

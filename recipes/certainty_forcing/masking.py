@@ -15,6 +15,10 @@ loss; we draw among the non-empty blocks. Its masking loop over rows rewrites th
 row's block, so it is only right at batch 1; here each row gets its own block. Its ratio is ``(1 - eps) 0.5 + eps``
 (0.5005); ours is ``ratio`` (default 0.5). Draws come from an explicit ``torch.Generator``, or in training from one
 generator per example and step (``example_uniforms``), so the masks do not depend on padding or batch composition.
+
+An option the reference does not have: ``ratio`` may be a tensor [B] of per-row ratios (``example_ratios``: drawn
+uniformly in a range per example and step, ``train.py --ratio-range``), so that view A also shows the model nearly
+fully masked blocks, the state a parallel decoder's first step is in; at the fixed 0.5 it never sees one.
 """
 
 from __future__ import annotations
@@ -61,6 +65,19 @@ def example_uniforms(
     return u_block, u_tok
 
 
+def example_ratios(seed: int, step: int, example_ids: list[int], low: float, high: float) -> torch.Tensor:
+    """Per-example mask ratios [B] of one training step, uniform in [low, high], each from its own generator seeded by
+    (seed, step, example id) apart from ``example_uniforms``'s, so the block and token draws stay those of the fixed
+    ratio run."""
+    if not 0.0 < low <= high < 1.0:
+        raise ValueError(f"mask ratio range must satisfy 0 < low <= high < 1, got ({low}, {high})")
+    out = torch.empty(len(example_ids), dtype=torch.float64)
+    for i, ex in enumerate(example_ids):
+        g = torch.Generator().manual_seed((((seed * 1_000_003 + step) * 1_000_033 + int(ex)) * 31 + 17) % (2**63))
+        out[i] = low + (high - low) * torch.rand(1, generator=g, dtype=torch.float64)[0]
+    return out
+
+
 def complementary_views(
     input_ids: torch.Tensor,  # [B, T] clean rows (left padding, prompt, response)
     response_start: torch.Tensor,  # [B] column of each row's first response token
@@ -71,13 +88,15 @@ def complementary_views(
     uniforms: tuple[torch.Tensor, torch.Tensor] | None = None,
     semi_ar: bool = True,
     block: int = 32,
-    ratio: float = 0.5,
+    ratio: float | torch.Tensor = 0.5,
 ) -> Views:
     """Draw the active region per row (a random response block, or the whole response when ``semi_ar`` is False) and
     its two complementary masks. The draws are ``uniforms`` = (u_block [B], u_tok [B, T]) (see ``example_uniforms``)
-    or, from ``generator``, one block draw per row then one uniform per position."""
-    if not 0.0 < ratio < 1.0:
-        raise ValueError(f"mask ratio must lie in (0, 1), got {ratio}")
+    or, from ``generator``, one block draw per row then one uniform per position. ``ratio``: one for every row, or a
+    tensor [B] of per-row ratios (``example_ratios``)."""
+    r = torch.as_tensor(ratio, dtype=torch.float64)
+    if r.dim() > 1 or (r.dim() == 1 and r.shape[0] != input_ids.shape[0]) or not bool(((r > 0) & (r < 1)).all()):
+        raise ValueError(f"mask ratio must lie in (0, 1), one number or one per row, got {ratio}")
     if block < 1:
         raise ValueError(f"block must be >= 1, got {block}")
     if (generator is None) == (uniforms is None):
@@ -105,7 +124,7 @@ def complementary_views(
         a0, a1 = start, end
     active = (col >= a0[:, None]) & (col < a1[:, None])  # [B, T]
     later = (col >= a1[:, None]) & (col < end[:, None])
-    pick = u_tok < ratio
+    pick = u_tok < (r.to(dev)[:, None] if r.dim() == 1 else r.item())  # [B, T] view A's masked tokens
     loss_a = active & pick
     loss_b = active & ~pick
     mask = torch.full_like(input_ids, mask_id)

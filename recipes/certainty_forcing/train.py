@@ -43,7 +43,7 @@ import torch  # noqa: E402
 
 from certainty_forcing.common import arch_of, demo_train, unwrap  # noqa: E402
 from certainty_forcing.losses import BETA, TEMPERATURE, certainty_forcing_loss  # noqa: E402
-from certainty_forcing.masking import complementary_views, example_uniforms  # noqa: E402
+from certainty_forcing.masking import complementary_views, example_ratios, example_uniforms  # noqa: E402
 
 Row = tuple[list[int], list[int]]  # prompt ids, response ids
 
@@ -90,6 +90,7 @@ def example_losses(
     temperature: float = TEMPERATURE,
     block: int = 32,
     ratio: float = 0.5,
+    ratio_range: tuple[float, float] | None = None,
     device: Any = "cpu",
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Per-example certainty-forcing losses [B] of a micro-batch (both views in one forward of the official model)."""
@@ -99,6 +100,8 @@ def example_losses(
     t = ids.shape[1]
     start = t - length
     uniforms = example_uniforms(seed, step, example_ids, start, length, t)
+    if ratio_range is not None:  # per-example ratios (not in the reference; see masking.py)
+        ratio = example_ratios(seed, step, example_ids, *ratio_range)  # [B]
     views = complementary_views(
         ids, start, length, mask_id=mask_id, uniforms=uniforms, semi_ar=arch == "llada", block=block, ratio=ratio
     )
@@ -156,6 +159,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--beta", type=float, default=None, help="entropy weight; default 2 LLaDA, 1 Dream")
     ap.add_argument("--temperature", type=float, default=TEMPERATURE)
     ap.add_argument("--ratio", type=float, default=0.5, help="mask ratio of view A (view B is its complement)")
+    ap.add_argument(
+        "--ratio-range",
+        type=float,
+        nargs=2,
+        metavar=("LOW", "HIGH"),
+        default=None,
+        help="view A's ratio drawn per example and step in [LOW, HIGH] instead of --ratio (not in the reference)",
+    )
     ap.add_argument("--block", type=int, default=32, help="LLaDA semi-AR block (also the eval decoder's block)")
     ap.add_argument("--lr", type=float, default=2e-5)
     ap.add_argument("--weight-decay", type=float, default=0.01)
@@ -178,7 +189,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--max-rows", type=int, default=None)
     ap.add_argument("--dtype", default="float32", help="weights dtype (bf16 mixed precision: accelerate config)")
     ap.add_argument("--threads", type=int, default=1)
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    if not 0.0 < args.ratio < 1.0:
+        ap.error(f"--ratio must lie in (0, 1), got {args.ratio}")
+    if args.ratio_range is not None and not 0.0 < args.ratio_range[0] <= args.ratio_range[1] < 1.0:
+        ap.error(f"--ratio-range LOW HIGH must satisfy 0 < LOW <= HIGH < 1, got {args.ratio_range}")
+    return args
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -331,6 +347,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     temperature=args.temperature,
                     block=args.block,
                     ratio=args.ratio,
+                    ratio_range=tuple(args.ratio_range) if args.ratio_range else None,
                     device=accelerator.device,
                 )
                 accelerator.backward(per_ex.mean())
