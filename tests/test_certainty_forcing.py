@@ -421,6 +421,52 @@ def test_trajectories_keep_only_verified_answers(accept, llada_tok_dir, tmp_path
         assert tuple(tok(ids, add_special_tokens=False)["input_ids"]) not in train_prompts
 
 
+@pytest.mark.skipif(not (SHARED_DATA / "waiting_line").is_dir(), reason="needs the ParallelBench task configs")
+def test_trajectories_with_eta_keep_the_parallel_answer_and_fall_back_one_token_per_step(
+    llada_tok_dir, tmp_path, monkeypatch
+):
+    from certainty_forcing import trajectories
+
+    import dlm_decode.parallelbench.metrics as metrics
+
+    calls = []
+
+    def fake_score(task, text, sample):  # 3 prompts: the parallel pass accepts the first, the fallback its first
+        calls.append(text)
+        return {"score": 1.0 if len(calls) in (1, 4) else 0.0, "score_strict": 0.0}
+
+    monkeypatch.setattr(metrics, "score_sample", fake_score)
+    out = tmp_path / "traj"
+    argv = ["--model", str(llada_tok_dir), "--out", str(out), "--data-dir", str(SHARED_DATA), "--n-per-task", "3"]
+    trajectories.main([*argv, "--heldout-per-task", "1", "--tasks", "waiting_line/copy", "--eta", "0.5"])
+    rows = trajectories.read_jsonl(out / "train.jsonl")
+    meta = json.loads((out / "meta.json").read_text())
+    assert len(calls) == 5  # 3 parallel decodes, then one token per step for the 2 it failed
+    assert [r["decoder"] for r in rows] == ["entropy_threshold", "one_per_step"]
+    assert meta["tasks"]["waiting_line/copy"]["from_entropy_threshold"] == 1 and meta["kept"] == 2
+    assert meta["first_decoder"] == {"sampler": "entropy_threshold", "eta": 0.5}
+    model, _ = dlm_decode.load_model(llada_tok_dir)
+    for r, args in zip(rows, (evaluate_parallel(0.5), evaluate_one(32)), strict=True):
+        again = dlm_decode.generate(model, [r["prompt_ids"]], gen_length=32, **args)
+        assert again.rows[0].generated_ids == r["response_ids"]  # each row is the answer of the decoder it names
+    other = dlm_decode.generate(model, [rows[0]["prompt_ids"]], gen_length=32, **evaluate_one(32))
+    assert other.rows[0].generated_ids != rows[0]["response_ids"]  # (the two decoders differ on this prompt)
+    with pytest.raises(ValueError, match="--eta must be a finite number > 0"):
+        trajectories.main([*argv, "--eta", "0"])
+
+
+def evaluate_parallel(eta):
+    from certainty_forcing.evaluate import parallel_decoding
+
+    return parallel_decoding(eta)
+
+
+def evaluate_one(gen_length):
+    from certainty_forcing.evaluate import one_per_step
+
+    return one_per_step(gen_length)
+
+
 @pytest.mark.skipif(not SHARED_DATA.is_dir(), reason="official ParallelBench data not present")
 def test_one_per_step_reference_decodes_each_task_at_its_own_length():
     from certainty_forcing.evaluate import official_tasks, one_per_step_results

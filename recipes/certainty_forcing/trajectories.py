@@ -10,11 +10,14 @@ prompts also exclude the held-out evaluation prompts. Each prompt is decoded by 
 if the verifier accepts the answer (``score_sample(...)["score"] == 1``).
 
 Writes to ``--out``: ``train.jsonl`` (one accepted trajectory a line: task, prompt_ids, response_ids = the final
-``gen_length`` canvas slots, text, score), ``heldout.jsonl`` (task, messages, sample, max_new_tokens: prompts for the
-periodic evaluation), ``meta.json`` (seeds, settings, verified / kept per task). Work is kept per task under
+``gen_length`` canvas slots, text, score, decoder), ``heldout.jsonl`` (task, messages, sample, max_new_tokens: prompts
+for the periodic evaluation), ``meta.json`` (seeds, settings, verified / kept per task). Work is kept per task under
 ``parts/`` so an interrupted run resumes where it stopped; final files are written to a temporary name and renamed.
-``--keep-unverified`` (a diagnostic, not the recipe) keeps every answer, for checking the training mechanism on a base
-model that solves nothing yet.
+``--eta ETA`` (on-policy targets, not the reference): each prompt is first decoded by the decoder distillation serves,
+``entropy_threshold`` at ETA, and its verified answer is the target; the prompts it fails fall back to one token per
+step. On random-output tasks these are answers the parallel decoder itself reaches, which the model is then trained to
+be sure of. ``--keep-unverified`` (a diagnostic, not the recipe) keeps every answer, for checking the training mechanism
+on a base model that solves nothing yet.
 """
 
 from __future__ import annotations
@@ -65,40 +68,61 @@ def build_prompts(
 
 @torch.no_grad()
 def decode_task(
-    model: Any, tok: Any, rows: list[dict], *, block: int, batch_size: int, bar: Any, keep_all: bool = False
+    model: Any,
+    tok: Any,
+    rows: list[dict],
+    *,
+    block: int,
+    batch_size: int,
+    bar: Any,
+    keep_all: bool = False,
+    eta: float | None = None,
 ) -> list[dict]:
-    """Decode one task's rows one token per step; return the accepted trajectories (every one with ``keep_all``)."""
+    """Decode one task's rows one token per step; return the accepted trajectories (every one with ``keep_all``).
+
+    With ``eta``: each row is first decoded by dParallel's own decoder (``entropy_threshold`` at ``eta``) and that
+    answer is kept when the verifier accepts it; only the rows it fails are decoded one token per step."""
     import dlm_decode
     from dlm_decode.parallelbench.metrics import score_sample
+
+    def decode(chunk: list[dict], args: dict[str, Any], decoder: str) -> tuple[list[dict], list[dict]]:
+        out = dlm_decode.generate(model, [json.loads(r["messages"]) for r in chunk], tokenizer=tok, chat=True, **args)
+        accepted, failed = [], []
+        for r, res in zip(chunk, out.rows, strict=True):
+            score = score_sample(r["task"], res.text or "", json.loads(r["sample"]))["score"]
+            if res.error is None and score == 1.0:
+                accepted.append(record(r, res, score, decoder))
+            else:
+                failed.append((r, res, score))
+        return accepted, failed
+
+    def record(r: dict, res: Any, score: float, decoder: str) -> dict:
+        keys = ("task", "prompt_ids", "response_ids", "text", "score", "decoder")
+        return dict(zip(keys, (r["task"], res.prompt_ids, res.generated_ids, res.text, score, decoder), strict=True))
 
     kept = []
     for i in range(0, len(rows), batch_size):
         chunk = rows[i : i + batch_size]
         gl = int(chunk[0]["max_new_tokens"])
-        out = dlm_decode.generate(
-            model,
-            [json.loads(r["messages"]) for r in chunk],
-            tokenizer=tok,
-            chat=True,
-            sampler="low_confidence",
-            gen_length=gl,
-            steps=gl,
-            block_length=min(block, gl),
-            temperature=0.0,
-        )
-        for r, res in zip(chunk, out.rows, strict=True):
-            score = score_sample(r["task"], res.text or "", json.loads(r["sample"]))["score"]
-            if res.error is None and (score == 1.0 or keep_all):
-                kept.append(
-                    {
-                        "task": r["task"],
-                        "prompt_ids": res.prompt_ids,
-                        "response_ids": res.generated_ids,
-                        "text": res.text,
-                        "score": score,
-                    }
-                )
-        bar.update(len(chunk))
+        one = {
+            "sampler": "low_confidence",
+            "gen_length": gl,
+            "steps": gl,
+            "block_length": min(block, gl),
+            "temperature": 0.0,
+        }
+        if eta is not None:
+            par = {"sampler": "entropy_threshold", "sampler_options": {"eta": eta}}
+            par_args = {k: v for k, v in {**one, **par}.items() if k != "steps"}  # the decoder's own step count
+            accepted, failed = decode(chunk, par_args, "entropy_threshold")
+            kept += accepted
+            chunk = [r for r, _, _ in failed]
+        if chunk:
+            accepted, failed = decode(chunk, one, "one_per_step")
+            kept += accepted
+            if keep_all:
+                kept += [record(r, res, score, "one_per_step") for r, res, score in failed if res.error is None]
+        bar.update(len(rows[i : i + batch_size]))
     return kept
 
 
@@ -117,6 +141,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--dtype", default="float32")
     ap.add_argument(
+        "--eta",
+        type=float,
+        default=None,
+        help="decode with entropy_threshold at ETA first and keep its verified answers; one token per step only for "
+        "the prompts it fails (on-policy targets, not the reference)",
+    )
+    ap.add_argument(
         "--keep-unverified",
         action="store_true",
         help="diagnostic only, not the recipe: keep every decoded answer (self-distillation without the verifier)",
@@ -124,6 +155,8 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     if args.seed == args.heldout_seed:
         raise ValueError("--seed and --heldout-seed must differ")
+    if args.eta is not None and not (args.eta > 0 and args.eta == args.eta and args.eta != float("inf")):
+        raise ValueError(f"--eta must be a finite number > 0, got {args.eta}")
     torch.set_num_threads(args.threads)
     from tqdm.auto import tqdm
 
@@ -161,12 +194,21 @@ def main(argv: list[str] | None = None) -> None:
             bar.update(len(rows))
         else:
             kept = decode_task(
-                model, tok, rows, block=args.block, batch_size=args.batch_size, bar=bar, keep_all=args.keep_unverified
+                model,
+                tok,
+                rows,
+                block=args.block,
+                batch_size=args.batch_size,
+                bar=bar,
+                keep_all=args.keep_unverified,
+                eta=args.eta,
             )
             write_jsonl_atomic(part, kept)
         correct = sum(r["score"] == 1.0 for r in kept)
         rate = round(correct / max(len(rows), 1), 3)
         stats[task] = {"prompts": len(rows), "verified": correct, "verified_rate": rate, "kept": len(kept)}
+        if args.eta is not None:
+            stats[task]["from_entropy_threshold"] = sum(r.get("decoder") == "entropy_threshold" for r in kept)
         bar.set_postfix(task=task.split("/")[-1], verified=f"{rate:.2f}")
         kept_all += kept
     bar.close()
@@ -176,6 +218,7 @@ def main(argv: list[str] | None = None) -> None:
         "seed": args.seed,
         "heldout_seed": args.heldout_seed,
         "decode": {"sampler": "low_confidence", "steps": "gen_length", "block": args.block, "temperature": 0.0},
+        "first_decoder": None if args.eta is None else {"sampler": "entropy_threshold", "eta": args.eta},
         "tasks": stats,
         "kept": len(kept_all),
         "unverified_kept": args.keep_unverified,
