@@ -479,3 +479,46 @@ def test_one_per_step_reference_decodes_each_task_at_its_own_length():
     assert list(res["tasks"]) == ["waiting_line/copy", "puzzle/sudoku_n4_12"]  # the order asked for
     assert copy["score"] == 100.0  # the shipped model copies these (a real decode, not a read of scores.json)
     assert res["nfe"] == 48 and res["score"] == pytest.approx((copy["score"] + sudoku["score"]) / 2, abs=1e-3)
+
+
+def test_equal_score_ratios_by_hand():
+    from certainty_forcing.evaluate import equal_score_ratios, equal_score_table
+
+    def pt(score, nfe):
+        return {"score": score, "nfe": nfe, "tokens_per_step": 32 / nfe}
+
+    base = {"path": "b", "eta=0.1": pt(96.7, 4.85), "eta=0.5": pt(93.0, 3.82), "eta=1": pt(77.3, 2.66)}
+    other = {"eta=0.1": pt(94.2, 4.02), "eta=0.2": pt(92.4, 3.50), "eta=1": pt(77.0, 1.90), "one_per_step": pt(99, 32)}
+    rows = equal_score_ratios(base, other)
+    assert [r["base"] for r in rows] == ["eta=0.1", "eta=0.5", "eta=1"]
+    # 96.7: nothing of the other scores >= 95.7
+    assert rows[0]["other"] is None and rows[0]["ratio"] is None
+    # 93.0: 94.2 @ 4.02 and 92.4 @ 3.50 are both within a point; the cheaper one counts: 3.50 / 3.82
+    assert rows[1]["other"] == "eta=0.2" and rows[1]["ratio"] == pytest.approx(0.916, abs=1e-3)
+    # 77.3: 77.0 @ 1.90 (0.3 below) is within a point: 1.90 / 2.66; the one-token-per-step point is never used
+    assert rows[2]["other"] == "eta=1" and rows[2]["ratio"] == pytest.approx(0.714, abs=1e-3)
+    table = equal_score_table(rows, "base", "cf")
+    assert "| eta=1 | 77.3 / 2.66 | eta=1 | 77.0 / 1.90 | 0.71x |" in table and "none within 1 point" in table
+
+
+def test_reuse_takes_an_earlier_result_only_when_it_matches(tmp_path):
+    from types import SimpleNamespace
+
+    from certainty_forcing import evaluate
+
+    tasks = [SimpleNamespace(name="waiting_line/copy", samples=[1, 2, 3])]
+    res = {"path": "p", "eta=0.5": {"score": 90.0, "nfe": 2.0, "tasks": {"waiting_line/copy": {"n": 3}}}}
+    f = tmp_path / "r.json"
+    f.write_text(json.dumps({"base": res}))
+    name, got = evaluate.reuse_results(f"{f}:base", tasks, [0.5])
+    assert name == "base" and got["eta=0.5"]["score"] == 90.0 and got["reused_from"] == str(f)
+    with pytest.raises(ValueError, match="holds \\['base'\\], not 'distilled'"):
+        evaluate.reuse_results(f"{f}:distilled", tasks, [0.5])
+    with pytest.raises(ValueError, match="no eta=0.2"):
+        evaluate.reuse_results(f"{f}:base", tasks, [0.2])
+    with pytest.raises(ValueError, match="other tasks or sample counts"):
+        evaluate.reuse_results(f"{f}:base", [SimpleNamespace(name="waiting_line/copy", samples=[1, 2])], [0.5])
+    with pytest.raises(ValueError, match="no such file"):
+        evaluate.reuse_results(f"{tmp_path / 'none.json'}:base", tasks, [0.5])
+    with pytest.raises(ValueError, match="model names must differ"):
+        evaluate.main(["--reuse", f"{f}:base", "--model", "base=x", "--data-dir", str(tmp_path)])

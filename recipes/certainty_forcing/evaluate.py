@@ -11,6 +11,12 @@ as a reference point, one token per step (``low_confidence``, steps = gen length
 NFE is per sample (forwards the row took part in); tokens per step = gen length / mean NFE, as ParallelBench reports.
 Prints a markdown table and one JSON line. ``evaluate_tasks`` (through the ParallelBench runner) is also the periodic
 evaluation of ``train.py``.
+
+The first model is the base: every other one is held against it at equal score (``equal_score_ratios``: for each of
+the base's etas, the fewest forwards the other model needs within 1 point of that score, as a ratio; the issue's
+distillation target is a ratio <= 0.5), printed and stored under ``equal_score_vs_<base>``. ``--reuse FILE:NAME``
+takes a model's results from an earlier ``--out`` file (checked: same tasks, sample counts and etas) instead of
+decoding it again.
 """
 
 from __future__ import annotations
@@ -135,6 +141,68 @@ def official_tasks(data_dir: str | Path, names: Sequence[str], limit: int | None
     return [Task(t.name, t.config, t.samples[::stride]) for t in tasks] if stride > 1 else tasks
 
 
+def equal_score_ratios(base: dict[str, Any], other: dict[str, Any], tolerance: float = 1.0) -> list[dict[str, Any]]:
+    """The distillation target's reading: for each operating point of ``base`` (one ``eta=`` entry), the fewest
+    forwards any point of ``other`` needs while scoring within ``tolerance`` points of it (score >= base - tolerance),
+    as a ratio of the base point's NFE; None where no point of ``other`` scores that high. Sorted by base score,
+    highest first."""
+    points = [v for k, v in other.items() if k.startswith("eta=")]
+    out = []
+    for key, b in base.items():
+        if not key.startswith("eta="):
+            continue
+        ok = [p for p in points if p["score"] >= b["score"] - tolerance]
+        best = min(ok, key=lambda p: p["nfe"]) if ok else None
+        eta = next((k for k, v in other.items() if v is best), None) if best else None
+        out.append(
+            {
+                "base": key,
+                "base_score": b["score"],
+                "base_nfe": b["nfe"],
+                "other": eta,
+                "score": best["score"] if best else None,
+                "nfe": best["nfe"] if best else None,
+                "ratio": round(best["nfe"] / b["nfe"], 3) if best else None,
+            }
+        )
+    return sorted(out, key=lambda r: -r["base_score"])
+
+
+def equal_score_table(rows: list[dict[str, Any]], base: str, other: str) -> str:
+    """``equal_score_ratios`` as Markdown."""
+    lines = [f"| {base} point | {base} score / NFE | cheapest {other} within 1 point | score / NFE | NFE ratio |"]
+    lines.append("|---|---|---|---|---|")
+    for r in rows:
+        got = f"{r['score']:.1f} / {r['nfe']:.2f}" if r["other"] else "-"
+        ratio = f"{r['ratio']:.2f}x" if r["ratio"] is not None else "none within 1 point"
+        bs = f"{r['base_score']:.1f} / {r['base_nfe']:.2f}"
+        lines.append(f"| {r['base']} | {bs} | {r['other'] or '-'} | {got} | {ratio} |")
+    return "\n".join(lines)
+
+
+def reuse_results(spec: str, tasks: Sequence[Any], etas: Sequence[float]) -> tuple[str, dict[str, Any]]:
+    """``FILE:NAME``: one model's results from an earlier ``--out`` JSON, checked to hold the same tasks with the same
+    sample counts and every eta asked for (so a base need not be decoded again for each distilled variant)."""
+    path, _, name = spec.rpartition(":")
+    if not path or not name:
+        raise ValueError(f"--reuse expects FILE:NAME, got {spec!r}")
+    if not Path(path).is_file():
+        raise ValueError(f"--reuse {spec}: no such file {path}")
+    data = json.loads(Path(path).read_text())
+    if name not in data:
+        raise ValueError(f"--reuse {spec}: {path} holds {sorted(data)}, not {name!r}")
+    res = data[name]
+    want = {t.name: len(t.samples) for t in tasks}
+    for eta in etas:
+        key = f"eta={eta:g}"
+        if key not in res:
+            raise ValueError(f"--reuse {spec}: no {key} in {path} (it has {[k for k in res if k.startswith('eta=')]})")
+        got = {t: v["n"] for t, v in res[key]["tasks"].items()}
+        if got != want:
+            raise ValueError(f"--reuse {spec}: {key} was measured on other tasks or sample counts than asked for")
+    return name, {**res, "reused_from": path}
+
+
 def markdown_table(results: dict[str, dict[str, Any]], eta: float) -> str:
     """Per task score / NFE at ``eta`` for every model, plus the one-token-per-step score."""
     names = list(results)
@@ -183,7 +251,14 @@ def plot(results: dict[str, dict[str, Any]], path: str | Path, title: str = "") 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", action="append", required=True, help="NAME=checkpoint dir (repeatable)")
+    ap.add_argument("--model", action="append", default=[], help="NAME=checkpoint dir (repeatable)")
+    ap.add_argument(
+        "--reuse",
+        action="append",
+        default=[],
+        metavar="FILE:NAME",
+        help="take model NAME's results from an earlier --out JSON instead of decoding it again (listed first)",
+    )
     ap.add_argument("--data-dir", default="/work/shared/data/parallelbench")
     ap.add_argument("--tasks", nargs="*", default=list(DETERMINISTIC_WAITING_LINE))
     ap.add_argument("--limit", type=int, default=None, help="first N samples per task")
@@ -199,8 +274,13 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(args.threads)
     import dlm_decode
 
+    if not args.model and not args.reuse:
+        raise ValueError("give at least one --model NAME=PATH (or --reuse FILE:NAME)")
+    given = [s.rpartition(":")[2] for s in args.reuse] + [s.partition("=")[0] for s in args.model]
+    if len(set(given)) != len(given):
+        raise ValueError(f"model names must differ (--reuse, then --model): {given}")
     tasks = official_tasks(args.data_dir, args.tasks, args.limit, args.stride)
-    results: dict[str, dict[str, Any]] = {}
+    results: dict[str, dict[str, Any]] = dict(reuse_results(spec, tasks, args.etas) for spec in args.reuse)
     for spec in args.model:
         name, _, path = spec.partition("=")
         if not path:
@@ -218,6 +298,11 @@ def main(argv: list[str] | None = None) -> None:
         results[name] = res
     if args.table_eta in args.etas:
         print(markdown_table(results, args.table_eta))
+    names = list(results)
+    for other in names[1:]:  # every model against the first (the base), at equal score
+        rows = equal_score_ratios(results[names[0]], results[other])
+        results[other]["equal_score_vs_" + names[0]] = rows
+        print(equal_score_table(rows, names[0], other))
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(results, indent=1))
