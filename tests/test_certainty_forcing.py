@@ -522,3 +522,34 @@ def test_reuse_takes_an_earlier_result_only_when_it_matches(tmp_path):
         evaluate.reuse_results(f"{tmp_path / 'none.json'}:base", tasks, [0.5])
     with pytest.raises(ValueError, match="model names must differ"):
         evaluate.main(["--reuse", f"{f}:base", "--model", "base=x", "--data-dir", str(tmp_path)])
+
+
+def test_curves_read_the_periodic_evaluations_and_plot(tmp_path):
+    from certainty_forcing import curves
+
+    run = tmp_path / "run"
+    run.mkdir()
+    recs = [
+        {"step": 0, "eval": {"score": 92.7, "nfe": 3.78}},
+        {"step": 1, "loss": 0.3},
+        {"step": 2, "eval": {"score": 90.6, "nfe": 3.20}},
+        {"step": 1, "eval": {"score": 91.0, "nfe": 3.50}},  # out of order: sorted by step
+    ]
+    (run / "log.jsonl").write_text("\n".join(json.dumps(r) for r in recs) + "\n")
+    out = curves.main(["--run", f"a={run}", "--out", str(tmp_path / "c.png"), "--jsonl", str(tmp_path / "c.jsonl")])
+    assert out["a"] == [
+        {"step": 0, "score": 92.7, "nfe": 3.78},
+        {"step": 1, "score": 91.0, "nfe": 3.50},
+        {"step": 2, "score": 90.6, "nfe": 3.20},
+    ]
+    assert (tmp_path / "c.png").stat().st_size > 1000
+    lines = [json.loads(x) for x in (tmp_path / "c.jsonl").read_text().splitlines()]
+    assert lines[2] == {"run": "a", "step": 2, "score": 90.6, "nfe": 3.20}
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "log.jsonl").write_text(json.dumps({"step": 1, "loss": 0.1}) + "\n")
+    with pytest.raises(ValueError, match="no evaluations"):
+        curves.main(["--run", f"e={tmp_path / 'empty'}"])
+    with pytest.raises(ValueError, match="no log.jsonl"):
+        curves.main(["--run", f"x={tmp_path}"])
+    with pytest.raises(ValueError, match="names must differ"):
+        curves.main(["--run", f"a={run}", "--run", f"a={run}"])
