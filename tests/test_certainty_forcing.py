@@ -499,6 +499,11 @@ def test_equal_score_ratios_by_hand():
     assert rows[2]["other"] == "eta=1" and rows[2]["ratio"] == pytest.approx(0.714, abs=1e-3)
     table = equal_score_table(rows, "base", "cf")
     assert "| eta=1 | 77.3 / 2.66 | eta=1 | 77.0 / 1.90 | 0.71x |" in table and "none within 1 point" in table
+    # a base point beaten by another base point on score and NFE costs what the better one costs: 92.0 at 4.20 is
+    # reached by 93.0 at 3.82, so the other's 3.50 (92.4, within a point) is held against 3.82, not 4.20
+    rows = equal_score_ratios({**base, "eta=0.3": pt(92.0, 4.20)}, other)
+    slow = next(r for r in rows if r["base"] == "eta=0.3")
+    assert slow["base_nfe"] == 3.82 and slow["ratio"] == pytest.approx(3.50 / 3.82, abs=1e-3)
 
 
 def test_reuse_takes_an_earlier_result_only_when_it_matches(tmp_path):

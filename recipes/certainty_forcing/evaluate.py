@@ -144,25 +144,27 @@ def official_tasks(data_dir: str | Path, names: Sequence[str], limit: int | None
 def equal_score_ratios(base: dict[str, Any], other: dict[str, Any], tolerance: float = 1.0) -> list[dict[str, Any]]:
     """The distillation target's reading: for each operating point of ``base`` (one ``eta=`` entry), the fewest
     forwards any point of ``other`` needs while scoring within ``tolerance`` points of it (score >= base - tolerance),
-    as a ratio of the base point's NFE; None where no point of ``other`` scores that high. Sorted by base score,
-    highest first."""
-    points = [v for k, v in other.items() if k.startswith("eta=")]
+    as a ratio of the fewest forwards the base itself needs for that score (its cheapest point scoring at least as
+    high: a base point that another base point beats on both counts is not the base's cost); None where no point of
+    ``other`` scores that high. Sorted by base score, highest first."""
+    mine = [v for k, v in base.items() if k.startswith("eta=")]
+    points = [(k, v) for k, v in other.items() if k.startswith("eta=")]
     out = []
     for key, b in base.items():
         if not key.startswith("eta="):
             continue
-        ok = [p for p in points if p["score"] >= b["score"] - tolerance]
-        best = min(ok, key=lambda p: p["nfe"]) if ok else None
-        eta = next((k for k, v in other.items() if v is best), None) if best else None
+        cost = min(p["nfe"] for p in mine if p["score"] >= b["score"])  # b itself qualifies
+        ok = [(k, p) for k, p in points if p["score"] >= b["score"] - tolerance]
+        eta, best = min(ok, key=lambda kp: kp[1]["nfe"]) if ok else (None, None)
         out.append(
             {
                 "base": key,
                 "base_score": b["score"],
-                "base_nfe": b["nfe"],
+                "base_nfe": cost,
                 "other": eta,
                 "score": best["score"] if best else None,
                 "nfe": best["nfe"] if best else None,
-                "ratio": round(best["nfe"] / b["nfe"], 3) if best else None,
+                "ratio": round(best["nfe"] / cost, 3) if best else None,
             }
         )
     return sorted(out, key=lambda r: -r["base_score"])
