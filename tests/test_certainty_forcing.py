@@ -516,7 +516,8 @@ def test_reuse_takes_an_earlier_result_only_when_it_matches(tmp_path):
     f = tmp_path / "r.json"
     f.write_text(json.dumps({"base": res}))
     name, got = evaluate.reuse_results(f"{f}:base", tasks, [0.5])
-    assert name == "base" and got["eta=0.5"]["score"] == 90.0 and got["reused_from"] == str(f)
+    assert name == "base" and got["eta=0.5"]["score"] == 90.0 and got["reused_from"] == f"{f}:base"
+    assert evaluate.reuse_results(f"before={f}:base", tasks, [0.5])[0] == "before"
     with pytest.raises(ValueError, match="holds \\['base'\\], not 'distilled'"):
         evaluate.reuse_results(f"{f}:distilled", tasks, [0.5])
     with pytest.raises(ValueError, match="no eta=0.2"):
@@ -527,6 +528,8 @@ def test_reuse_takes_an_earlier_result_only_when_it_matches(tmp_path):
         evaluate.reuse_results(f"{tmp_path / 'none.json'}:base", tasks, [0.5])
     with pytest.raises(ValueError, match="model names must differ"):
         evaluate.main(["--reuse", f"{f}:base", "--model", "base=x", "--data-dir", str(tmp_path)])
+    with pytest.raises(ValueError, match="model names must differ"):
+        evaluate.main(["--reuse", f"{f}:base", "--reuse", f"base={f}:other", "--data-dir", str(tmp_path)])
 
 
 def test_curves_read_the_periodic_evaluations_and_plot(tmp_path):

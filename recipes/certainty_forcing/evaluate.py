@@ -14,7 +14,7 @@ evaluation of ``train.py``.
 
 The first model is the base: every other one is held against it at equal score (``equal_score_ratios``: for each of
 the base's etas, the fewest forwards the other model needs within 1 point of that score, as a ratio; the issue's
-distillation target is a ratio <= 0.5), printed and stored under ``equal_score_vs_<base>``. ``--reuse FILE:NAME``
+distillation target is a ratio <= 0.5), printed and stored under ``equal_score_vs_<base>``. ``--reuse [LABEL=]FILE:NAME``
 takes a model's results from an earlier ``--out`` file (checked: same tasks, sample counts and etas) instead of
 decoding it again.
 """
@@ -182,12 +182,20 @@ def equal_score_table(rows: list[dict[str, Any]], base: str, other: str) -> str:
     return "\n".join(lines)
 
 
+def reused_label(spec: str) -> str:
+    """The name ``--reuse [LABEL=]FILE:NAME`` gives its model: LABEL, else NAME."""
+    where, _, name = spec.rpartition(":")
+    return where.rpartition("=")[0] or name
+
+
 def reuse_results(spec: str, tasks: Sequence[Any], etas: Sequence[float]) -> tuple[str, dict[str, Any]]:
-    """``FILE:NAME``: one model's results from an earlier ``--out`` JSON, checked to hold the same tasks with the same
-    sample counts and every eta asked for (so a base need not be decoded again for each distilled variant)."""
-    path, _, name = spec.rpartition(":")
+    """``[LABEL=]FILE:NAME``: one model's results from an earlier ``--out`` JSON (named LABEL here, default NAME),
+    checked to hold the same tasks with the same sample counts and every eta asked for (so a base need not be decoded
+    again for each distilled variant)."""
+    where, _, name = spec.rpartition(":")
+    label, _, path = where.rpartition("=")
     if not path or not name:
-        raise ValueError(f"--reuse expects FILE:NAME, got {spec!r}")
+        raise ValueError(f"--reuse expects [LABEL=]FILE:NAME, got {spec!r}")
     if not Path(path).is_file():
         raise ValueError(f"--reuse {spec}: no such file {path}")
     data = json.loads(Path(path).read_text())
@@ -202,7 +210,7 @@ def reuse_results(spec: str, tasks: Sequence[Any], etas: Sequence[float]) -> tup
         got = {t: v["n"] for t, v in res[key]["tasks"].items()}
         if got != want:
             raise ValueError(f"--reuse {spec}: {key} was measured on other tasks or sample counts than asked for")
-    return name, {**res, "reused_from": path}
+    return label or name, {**res, "reused_from": f"{path}:{name}"}
 
 
 def markdown_table(results: dict[str, dict[str, Any]], eta: float) -> str:
@@ -258,7 +266,7 @@ def main(argv: list[str] | None = None) -> None:
         "--reuse",
         action="append",
         default=[],
-        metavar="FILE:NAME",
+        metavar="[LABEL=]FILE:NAME",
         help="take model NAME's results from an earlier --out JSON instead of decoding it again (listed first)",
     )
     ap.add_argument("--data-dir", default="/work/shared/data/parallelbench")
@@ -278,7 +286,7 @@ def main(argv: list[str] | None = None) -> None:
 
     if not args.model and not args.reuse:
         raise ValueError("give at least one --model NAME=PATH (or --reuse FILE:NAME)")
-    given = [s.rpartition(":")[2] for s in args.reuse] + [s.partition("=")[0] for s in args.model]
+    given = [reused_label(s) for s in args.reuse] + [s.partition("=")[0] for s in args.model]
     if len(set(given)) != len(given):
         raise ValueError(f"model names must differ (--reuse, then --model): {given}")
     tasks = official_tasks(args.data_dir, args.tasks, args.limit, args.stride)
