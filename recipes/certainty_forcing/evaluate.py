@@ -12,11 +12,11 @@ NFE is per sample (forwards the row took part in); tokens per step = gen length 
 Prints a markdown table and one JSON line. ``evaluate_tasks`` (through the ParallelBench runner) is also the periodic
 evaluation of ``train.py``.
 
-The first model is the base: every other one is held against it at equal score (``equal_score_ratios``: for each of
-the base's etas, the fewest forwards the other model needs within 1 point of that score, as a ratio; the issue's
-distillation target is a ratio <= 0.5), printed and stored under ``equal_score_vs_<base>``. ``--reuse [LABEL=]FILE:NAME``
-takes a model's results from an earlier ``--out`` file (checked: same tasks, sample counts and etas) instead of
-decoding it again.
+The first model is the base: every other one is held against it at equal score (``equal_score_ratios``: for each of the
+base's etas, the fewest forwards the other model needs within 1 point of that score, as a ratio; the issue's
+distillation target is a ratio <= 0.5), printed and stored under ``equal_score_vs_<base>``. ``--reuse
+[LABEL=]FILE:NAME`` takes a model's results from an earlier ``--out`` file (checked: same tasks, sample counts and etas)
+instead of decoding it again.
 """
 
 from __future__ import annotations
