@@ -561,3 +561,20 @@ def test_curves_read_the_periodic_evaluations_and_plot(tmp_path):
         curves.main(["--run", f"x={tmp_path}"])
     with pytest.raises(ValueError, match="names must differ"):
         curves.main(["--run", f"a={run}", "--run", f"a={run}"])
+
+
+def test_evaluate_plots_score_against_parallelism_and_nfe(tmp_path):
+    from certainty_forcing.evaluate import plot
+
+    def pt(score, nfe):
+        return {"score": score, "nfe": nfe, "tokens_per_step": 32 / nfe}
+
+    res = {
+        "base": {"path": "b", "eta=0.1": pt(96.7, 4.85), "eta=1": pt(77.3, 2.66), "one_per_step": pt(96.8, 32)},
+        "cf": {"eta=0.1": pt(95.9, 4.10), "eta=1": pt(78.0, 2.01), "equal_score_vs_base": []},
+    }
+    for x in ("tokens_per_step", "nfe"):
+        plot(res, tmp_path / f"{x}.png", x=x)
+        assert (tmp_path / f"{x}.png").stat().st_size > 1000
+    with pytest.raises(ValueError, match="x must be"):
+        plot(res, tmp_path / "bad.png", x="seconds")

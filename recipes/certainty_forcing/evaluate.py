@@ -234,24 +234,32 @@ def markdown_table(results: dict[str, dict[str, Any]], eta: float) -> str:
     return "\n".join(lines)
 
 
-def plot(results: dict[str, dict[str, Any]], path: str | Path, title: str = "") -> None:
+def plot(results: dict[str, dict[str, Any]], path: str | Path, title: str = "", x: str = "tokens_per_step") -> None:
+    """Mean score of every model against ``x``: ``tokens_per_step`` (the parallelism) or ``nfe`` (the cost; lower is
+    better), one line per model over its etas, its one-token-per-step point as a square (tokens per step only)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    if x not in ("tokens_per_step", "nfe"):
+        raise ValueError(f"x must be 'tokens_per_step' or 'nfe', got {x!r}")
     fig, ax = plt.subplots(figsize=(6, 4))
     for name, res in results.items():
-        pts = sorted((v["tokens_per_step"], v["score"], k) for k, v in res.items() if k.startswith("eta="))
+        pts = sorted((v[x], v["score"], k) for k, v in res.items() if k.startswith("eta="))
         line = ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"{name} (entropy_threshold)")[0]
-        for x, y, k in pts:
-            ax.annotate(k.split("=")[1], (x, y), textcoords="offset points", xytext=(3, 3), fontsize=7)
-        if "one_per_step" in res:
+        for px, py, k in pts:
+            ax.annotate(k.split("=")[1], (px, py), textcoords="offset points", xytext=(3, 3), fontsize=7)
+        if "one_per_step" in res and x == "tokens_per_step":
             r = res["one_per_step"]
             ax.scatter([r["tokens_per_step"]], [r["score"]], marker="s", color=line.get_color())
-    ax.set_xlabel("tokens per step (gen length / NFE)")
+    if x == "nfe":
+        ax.set_xlabel("mean NFE per sample (forwards; lower is faster)")
+        ax.set_title(title or "score vs NFE (labels: eta)")
+    else:
+        ax.set_xlabel("tokens per step (gen length / NFE)")
+        ax.set_title(title or "score vs parallelism (labels: eta; squares: 1 token/step)")
     ax.set_ylabel("mean score")
-    ax.set_title(title or "score vs parallelism (labels: eta; squares: 1 token/step)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -280,6 +288,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", default=None, help="results JSON")
     ap.add_argument("--plot", default=None, help="PNG of score vs tokens per step")
+    ap.add_argument("--plot-nfe", default=None, help="PNG of score vs mean NFE")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     import dlm_decode
@@ -318,6 +327,8 @@ def main(argv: list[str] | None = None) -> None:
         Path(args.out).write_text(json.dumps(results, indent=1))
     if args.plot:
         plot(results, args.plot)
+    if args.plot_nfe:
+        plot(results, args.plot_nfe, x="nfe")
     print(json.dumps({m: {k: v["score"] for k, v in r.items() if isinstance(v, dict)} for m, r in results.items()}))
 
 
