@@ -21,6 +21,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "recipes"))
 
 from certainty_forcing import train as cf_train  # noqa: E402
+from certainty_forcing.evaluate import one_per_step, parallel_decoding  # noqa: E402
 from certainty_forcing.lora import LORA_TARGETS, add_lora, export, merge  # noqa: E402
 from certainty_forcing.losses import certainty_forcing_loss, view_terms  # noqa: E402
 from certainty_forcing.masking import complementary_views, example_ratios, example_uniforms  # noqa: E402
@@ -446,25 +447,13 @@ def test_trajectories_with_eta_keep_the_parallel_answer_and_fall_back_one_token_
     assert meta["tasks"]["waiting_line/copy"]["from_entropy_threshold"] == 1 and meta["kept"] == 2
     assert meta["first_decoder"] == {"sampler": "entropy_threshold", "eta": 0.5}
     model, _ = dlm_decode.load_model(llada_tok_dir)
-    for r, args in zip(rows, (evaluate_parallel(0.5), evaluate_one(32)), strict=True):
+    for r, args in zip(rows, (parallel_decoding(0.5), one_per_step(32)), strict=True):
         again = dlm_decode.generate(model, [r["prompt_ids"]], gen_length=32, **args)
         assert again.rows[0].generated_ids == r["response_ids"]  # each row is the answer of the decoder it names
-    other = dlm_decode.generate(model, [rows[0]["prompt_ids"]], gen_length=32, **evaluate_one(32))
+    other = dlm_decode.generate(model, [rows[0]["prompt_ids"]], gen_length=32, **one_per_step(32))
     assert other.rows[0].generated_ids != rows[0]["response_ids"]  # (the two decoders differ on this prompt)
     with pytest.raises(ValueError, match="--eta must be a finite number > 0"):
         trajectories.main([*argv, "--eta", "0"])
-
-
-def evaluate_parallel(eta):
-    from certainty_forcing.evaluate import parallel_decoding
-
-    return parallel_decoding(eta)
-
-
-def evaluate_one(gen_length):
-    from certainty_forcing.evaluate import one_per_step
-
-    return one_per_step(gen_length)
 
 
 @pytest.mark.skipif(not SHARED_DATA.is_dir(), reason="official ParallelBench data not present")

@@ -182,20 +182,20 @@ def equal_score_table(rows: list[dict[str, Any]], base: str, other: str) -> str:
     return "\n".join(lines)
 
 
-def reused_label(spec: str) -> str:
-    """The name ``--reuse [LABEL=]FILE:NAME`` gives its model: LABEL, else NAME."""
+def parse_reuse(spec: str) -> tuple[str, str, str]:
+    """``[LABEL=]FILE:NAME`` -> (the name the model gets here: LABEL, else NAME; FILE; NAME)."""
     where, _, name = spec.rpartition(":")
-    return where.rpartition("=")[0] or name
+    label, _, path = where.rpartition("=")
+    if not path or not name:
+        raise ValueError(f"--reuse expects [LABEL=]FILE:NAME, got {spec!r}")
+    return label or name, path, name
 
 
 def reuse_results(spec: str, tasks: Sequence[Any], etas: Sequence[float]) -> tuple[str, dict[str, Any]]:
     """``[LABEL=]FILE:NAME``: one model's results from an earlier ``--out`` JSON (named LABEL here, default NAME),
     checked to hold the same tasks with the same sample counts and every eta asked for (so a base need not be decoded
     again for each distilled variant)."""
-    where, _, name = spec.rpartition(":")
-    label, _, path = where.rpartition("=")
-    if not path or not name:
-        raise ValueError(f"--reuse expects [LABEL=]FILE:NAME, got {spec!r}")
+    label, path, name = parse_reuse(spec)
     if not Path(path).is_file():
         raise ValueError(f"--reuse {spec}: no such file {path}")
     data = json.loads(Path(path).read_text())
@@ -210,7 +210,7 @@ def reuse_results(spec: str, tasks: Sequence[Any], etas: Sequence[float]) -> tup
         got = {t: v["n"] for t, v in res[key]["tasks"].items()}
         if got != want:
             raise ValueError(f"--reuse {spec}: {key} was measured on other tasks or sample counts than asked for")
-    return label or name, {**res, "reused_from": f"{path}:{name}"}
+    return label, {**res, "reused_from": f"{path}:{name}"}
 
 
 def markdown_table(results: dict[str, dict[str, Any]], eta: float) -> str:
@@ -295,7 +295,7 @@ def main(argv: list[str] | None = None) -> None:
 
     if not args.model and not args.reuse:
         raise ValueError("give at least one --model NAME=PATH (or --reuse FILE:NAME)")
-    given = [reused_label(s) for s in args.reuse] + [s.partition("=")[0] for s in args.model]
+    given = [parse_reuse(s)[0] for s in args.reuse] + [s.partition("=")[0] for s in args.model]
     if len(set(given)) != len(given):
         raise ValueError(f"model names must differ (--reuse, then --model): {given}")
     tasks = official_tasks(args.data_dir, args.tasks, args.limit, args.stride)

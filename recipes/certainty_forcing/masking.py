@@ -65,12 +65,17 @@ def example_uniforms(
     return u_block, u_tok
 
 
+def check_ratio_range(low: float, high: float) -> None:
+    """Raise unless 0 < low <= high < 1 (both views of every example keep a masked token in expectation)."""
+    if not 0.0 < low <= high < 1.0:
+        raise ValueError(f"mask ratio range must satisfy 0 < low <= high < 1, got ({low}, {high})")
+
+
 def example_ratios(seed: int, step: int, example_ids: list[int], low: float, high: float) -> torch.Tensor:
     """Per-example mask ratios [B] of one training step, uniform in [low, high], each from its own generator seeded by
     (seed, step, example id) apart from ``example_uniforms``'s, so the block and token draws stay those of the fixed
     ratio run."""
-    if not 0.0 < low <= high < 1.0:
-        raise ValueError(f"mask ratio range must satisfy 0 < low <= high < 1, got ({low}, {high})")
+    check_ratio_range(low, high)
     out = torch.empty(len(example_ids), dtype=torch.float64)
     for i, ex in enumerate(example_ids):
         g = torch.Generator().manual_seed((((seed * 1_000_003 + step) * 1_000_033 + int(ex)) * 31 + 17) % (2**63))

@@ -43,7 +43,12 @@ import torch  # noqa: E402
 
 from certainty_forcing.common import arch_of, demo_train, unwrap  # noqa: E402
 from certainty_forcing.losses import BETA, TEMPERATURE, certainty_forcing_loss  # noqa: E402
-from certainty_forcing.masking import complementary_views, example_ratios, example_uniforms  # noqa: E402
+from certainty_forcing.masking import (  # noqa: E402
+    check_ratio_range,
+    complementary_views,
+    example_ratios,
+    example_uniforms,
+)
 
 Row = tuple[list[int], list[int]]  # prompt ids, response ids
 
@@ -192,8 +197,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = ap.parse_args(argv)
     if not 0.0 < args.ratio < 1.0:
         ap.error(f"--ratio must lie in (0, 1), got {args.ratio}")
-    if args.ratio_range is not None and not 0.0 < args.ratio_range[0] <= args.ratio_range[1] < 1.0:
-        ap.error(f"--ratio-range LOW HIGH must satisfy 0 < LOW <= HIGH < 1, got {args.ratio_range}")
+    if args.ratio_range is not None:
+        try:
+            check_ratio_range(*args.ratio_range)
+        except ValueError:
+            ap.error(f"--ratio-range LOW HIGH must satisfy 0 < LOW <= HIGH < 1, got {args.ratio_range}")
     return args
 
 

@@ -37,6 +37,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 from certainty_forcing.common import WAITING_LINE, demo_data  # noqa: E402
+from certainty_forcing.evaluate import one_per_step, parallel_decoding  # noqa: E402
+from dlm_decode.options import is_real  # noqa: E402
 
 TRAIN_SEED, HELDOUT_SEED = 11_000_003, 13_000_007  # far from the official five-digit seeds and from train_demo's
 
@@ -85,8 +87,9 @@ def decode_task(
     import dlm_decode
     from dlm_decode.parallelbench.metrics import score_sample
 
-    def decode(chunk: list[dict], args: dict[str, Any], decoder: str) -> tuple[list[dict], list[dict]]:
-        out = dlm_decode.generate(model, [json.loads(r["messages"]) for r in chunk], tokenizer=tok, chat=True, **args)
+    def decode(chunk: list[dict], gl: int, args: dict[str, Any], decoder: str) -> tuple[list[dict], list[dict]]:
+        msgs = [json.loads(r["messages"]) for r in chunk]
+        out = dlm_decode.generate(model, msgs, tokenizer=tok, chat=True, gen_length=gl, **args)
         accepted, failed = [], []
         for r, res in zip(chunk, out.rows, strict=True):
             score = score_sample(r["task"], res.text or "", json.loads(r["sample"]))["score"]
@@ -104,21 +107,12 @@ def decode_task(
     for i in range(0, len(rows), batch_size):
         chunk = rows[i : i + batch_size]
         gl = int(chunk[0]["max_new_tokens"])
-        one = {
-            "sampler": "low_confidence",
-            "gen_length": gl,
-            "steps": gl,
-            "block_length": min(block, gl),
-            "temperature": 0.0,
-        }
         if eta is not None:
-            par = {"sampler": "entropy_threshold", "sampler_options": {"eta": eta}}
-            par_args = {k: v for k, v in {**one, **par}.items() if k != "steps"}  # the decoder's own step count
-            accepted, failed = decode(chunk, par_args, "entropy_threshold")
+            accepted, failed = decode(chunk, gl, parallel_decoding(eta, min(block, gl)), "entropy_threshold")
             kept += accepted
             chunk = [r for r, _, _ in failed]
         if chunk:
-            accepted, failed = decode(chunk, one, "one_per_step")
+            accepted, failed = decode(chunk, gl, one_per_step(gl, min(block, gl)), "one_per_step")
             kept += accepted
             if keep_all:
                 kept += [record(r, res, score, "one_per_step") for r, res, score in failed if res.error is None]
@@ -155,7 +149,7 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     if args.seed == args.heldout_seed:
         raise ValueError("--seed and --heldout-seed must differ")
-    if args.eta is not None and not (args.eta > 0 and args.eta == args.eta and args.eta != float("inf")):
+    if args.eta is not None and not (is_real(args.eta) and args.eta > 0):
         raise ValueError(f"--eta must be a finite number > 0, got {args.eta}")
     torch.set_num_threads(args.threads)
     from tqdm.auto import tqdm
