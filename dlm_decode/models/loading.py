@@ -1,10 +1,11 @@
 """Loading checkpoints by path or shipped demo name, with early, specific errors.
 
 Weights load from safetensors only (``use_safetensors=True``): a directory holding only ``pytorch_model.bin`` is
-refused rather than unpickled. Before any weight is read, ``config.json`` is parsed and the model is built on the
-meta device (no memory); ``model_facts`` stops there, so entry points check a decoding request against the
-checkpoint first. ``load_model`` then checks every safetensors header against that model: a damaged file, and
-missing, unexpected or differently shaped tensors, are errors naming the file, never randomly initialised weights.
+refused rather than unpickled. Before any weight is read, ``config.json`` is parsed, checked against the model
+family's schema (``models/schema.py``) and the model is built on the meta device (no memory); ``model_facts``
+stops there, so entry points check a decoding request against the checkpoint first. ``load_model`` then checks
+every safetensors header against that model: a damaged file, and missing, unexpected or differently shaped
+tensors, are errors naming the file, never randomly initialised weights.
 """
 
 from __future__ import annotations
@@ -85,18 +86,22 @@ def check_device(device: str | torch.device, what: str = "device") -> torch.devi
 
 
 def read_config(path: Path) -> Any:
-    """``config.json`` of a checkpoint directory -> its registered transformers config (JSON and model_type
-    checked, with errors naming the file)."""
+    """``config.json`` of a checkpoint directory -> its registered transformers config. JSON, ``model_type`` and
+    every key the model reads (the family's ``config_schema``, ``models/schema.py``: types, ranges, required keys)
+    are checked first, with errors naming the file and the key."""
     from transformers import AutoConfig
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
     import dlm_decode.models  # noqa: F401  (registers the Auto classes)
     from dlm_decode.models import SUPPORTED_MODEL_TYPES
 
-    model_type = read_json_object(path / "config.json", "model config").get("model_type")
+    raw = read_json_object(path / "config.json", "model config")
+    model_type = raw.get("model_type")
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise ValueError(
             f"{path}: config model_type {model_type!r} is not supported; supported: {SUPPORTED_MODEL_TYPES}"
         )
+    CONFIG_MAPPING[model_type].config_schema.check(raw, path / "config.json")
     return AutoConfig.from_pretrained(path)
 
 
