@@ -41,13 +41,22 @@ CONFIG_FIELDS = tuple(f.name for f in dataclasses.fields(DecodeConfig))
 
 
 def decode_config(config: DecodeConfig | None = None, **kwargs: Any) -> DecodeConfig:
-    """A ``DecodeConfig`` from keywords (over ``config`` when given); unknown keywords list the valid ones."""
+    """A ``DecodeConfig`` from keywords, or ``config`` itself; unknown keywords list the valid ones. A keyword that
+    disagrees with ``config`` is an error (neither silently wins); one that repeats its value is accepted."""
     unknown = sorted(set(kwargs) - set(CONFIG_FIELDS))
     if unknown:
         raise ValueError(f"unknown decoding option(s) {', '.join(unknown)}; valid: {', '.join(CONFIG_FIELDS)}")
     if config is None:
         return DecodeConfig(**kwargs)
-    return dataclasses.replace(config, **kwargs) if kwargs else config
+    if not isinstance(config, DecodeConfig):
+        raise ValueError(f"config must be a DecodeConfig or None, got {type(config).__name__}")
+    clash = [f"{k}={v!r} (config has {getattr(config, k)!r})" for k, v in kwargs.items() if v != getattr(config, k)]
+    if clash:
+        raise ValueError(
+            f"decoding option(s) given both in config= and as keywords with other values: {', '.join(clash)}; "
+            "give each option once (change a DecodeConfig with dataclasses.replace)"
+        )
+    return config
 
 
 def fill_defaults(
