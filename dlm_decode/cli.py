@@ -248,9 +248,19 @@ def _needs_extra(command: str, install: str):
     return run
 
 
+def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """``parser.parse_args``, but an unknown flag is reported by the sub-command's parser, so the usage shown is the
+    sub-command's (``usage: dlm-decode generate ...``), not the top-level one."""
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        subs = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        subs.choices[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
-        args = build_parser().parse_args(argv)
+        args = parse_args(build_parser(), argv)
     except KeyboardInterrupt:  # Ctrl-C while the subcommands' modules import
         print("dlm-decode: interrupted", file=sys.stderr)
         return 130

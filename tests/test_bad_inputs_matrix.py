@@ -285,7 +285,15 @@ def test_demo_empty_data_dir_112(f, capsys):
     ],
 )
 def test_argparse_case(row, argv, words, capsys):
-    assert words in argparse_error(capsys, argv)
+    err = argparse_error(capsys, argv)
+    assert words in err
+    assert err.startswith("usage: dlm-decode generate ") and "dlm-decode generate: error: " in err  # its own usage
+
+
+def test_unknown_flag_shows_the_sub_commands_usage_27(capsys):
+    err = argparse_error(capsys, ["parallelbench", "--limt", "3"])
+    assert err.startswith("usage: dlm-decode parallelbench ")
+    assert err.strip().endswith("dlm-decode parallelbench: error: unrecognized arguments: --limt 3")
 
 
 @pytest.mark.parametrize("row,env", [("103", None), ("106", "/no/such/pb_data")])
