@@ -65,8 +65,16 @@ def generate(
     if not isinstance(cuda_graphs, bool):
         raise ValueError(f"cuda_graphs must be True or False, got {cuda_graphs!r}")
     rows = encode_prompts(prompts, tokenizer, chat)
-    options = dict(sampler_options=sampler_options, cache=cache, cache_options=cache_options, config=config)
-    req = check_request(ModelFacts.of_model(model), rows, sampler=sampler, **options, **config_kwargs)
+    req = check_request(
+        ModelFacts.of_model(model),
+        rows,
+        sampler=sampler,
+        sampler_options=sampler_options,
+        cache=cache,
+        cache_options=cache_options,
+        config=config,
+        **config_kwargs,
+    )
     state, store = prepare(model, rows, req, tokenizer)
     name = f"{req.sampler.name}/{req.cache.name}"
     bar = tqdm(total=len(rows) * req.config.gen_length, desc=name, leave=False) if progress else None

@@ -55,11 +55,11 @@ def fill_defaults(
 ) -> tuple[Sampler, DecodeConfig]:
     """``sampler`` and ``config`` with every option the caller left unset (None) filled in: from the model's
     reference defaults when the sampler follows them (``DecodeConfig`` fields go to the config, the rest to the
-    sampler), then from the sampler's ``option_defaults``. A default of None leaves the option unset."""
-    given = {k: v for k, v in model_defaults.items() if v is not None} if sampler.follows_model_defaults else {}
+    sampler), then from the sampler's ``traits.option_defaults``. A default of None leaves the option unset."""
+    given = {k: v for k, v in model_defaults.items() if v is not None} if sampler.traits.follows_model_defaults else {}
     own = {f.name for f in dataclasses.fields(sampler)}
     to_config = {k: v for k, v in given.items() if hasattr(config, k) and getattr(config, k) is None}
-    merged = sampler.option_defaults | given
+    merged = dict(sampler.traits.option_defaults) | given
     to_sampler = {k: v for k, v in merged.items() if k in own and getattr(sampler, k) is None}
     if to_sampler:
         sampler = dataclasses.replace(sampler, **to_sampler)
@@ -82,7 +82,7 @@ def check_request(
     cfg = decode_config(config, **config_kwargs)
     smp = get_sampler(sampler, sampler_options).with_model(facts)
     pol = get_cache(cache, cache_options)
-    block, steps = resolve_lengths(cfg.gen_length, cfg.block_length, cfg.steps, blockwise=smp.blockwise)
+    block, steps = resolve_lengths(cfg.gen_length, cfg.block_length, cfg.steps, blockwise=smp.traits.blockwise)
     if block > cfg.gen_length:
         raise ValueError(f"block_length ({block}) must be <= gen_length ({cfg.gen_length})")
     if cfg.gen_length % block:
