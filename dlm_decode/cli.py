@@ -248,9 +248,23 @@ def _needs_extra(command: str, install: str):
     return run
 
 
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """``parse_args`` that keeps prompt texts given after an option (``generate MODEL --chat "text"``): argparse
+    hands the ``prompts`` positional its empty list together with MODEL, so texts after an option come back unparsed;
+    they join the prompts, while anything option-like left over is still an error."""
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if isinstance(getattr(args, "prompts", None), list):
+        args.prompts += [e for e in extra if not e.startswith("-")]
+        extra = [e for e in extra if e.startswith("-")]
+    if extra:
+        parser.error("unrecognized arguments: " + " ".join(extra))
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
-        args = build_parser().parse_args(argv)
+        args = parse_args(argv)
     except KeyboardInterrupt:  # Ctrl-C while the subcommands' modules import
         print("dlm-decode: interrupted", file=sys.stderr)
         return 130
