@@ -132,7 +132,7 @@ def add_compile_arg(p: argparse.ArgumentParser, extra_help: str = "") -> None:
         metavar="MODE",
         help="torch.compile the layers' elementwise pieces (inductor; MODE: " + ", ".join(MODES) + ", default "
         "'default'); eager with one warning if compiling fails. Compiling takes seconds to minutes on first use, "
-        "counted in the first decode's time; see README 'Compiled forward' for when it pays" + extra_help,
+        "counted in the first decode's time; see docs/caches.md 'Compiled forward' for when it pays" + extra_help,
     )
 
 
@@ -189,7 +189,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--cuda-graphs",
         action="store_true",
         help="replay a block's fixed-shape steps as CUDA graphs (a GPU, batch 1: the forward is host-bound there; "
-        "README 'Step graphs'); counts in the JSON's 'graphs'",
+        "docs/caches.md 'Step graphs'); counts in the JSON's 'graphs'",
     )
 
 
