@@ -59,32 +59,32 @@ class Rewrite:
 REWRITES = (
     Rewrite(
         r"^dlm-decode parallelbench (?!.*--(plot|list-tasks))(?!.*--limit)",
-        "every official sample of a task (100) takes minutes per sampler: 2 samples a task",
-        append="--limit 2",
+        "every official sample of a task (100) takes minutes per sampler: 1 sample a task",
+        append="--limit 1",
     ),
-    Rewrite(r"^dlm-decode parallelbench .*--limit ([3-9]|\d\d)", "2 samples a task", sub=(r"--limit \d+", "--limit 2")),
+    Rewrite(r"^dlm-decode parallelbench .*--limit ([2-9]|\d\d)", "1 sample a task", sub=(r"--limit \d+", "--limit 1")),
     Rewrite(
         r"^dlm-decode parallelbench .*--sweep (?!.*--tasks)",
         "a sweep grid over every task: one task, one sample",
         append="--tasks waiting_line/copy --limit 1",
     ),
-    Rewrite(r"^(\w+=\S+ )*dlm-decode eval (?!ls)(?!.*--limit)", "a whole lm-eval task: 2 samples", append="--limit 2"),
-    Rewrite(r"^(\w+=\S+ )*dlm-decode eval .*--limit [3-9]", "2 samples", sub=(r"--limit \d+", "--limit 2")),
-    Rewrite(r"^\s*limit=\d\d", "lm-eval's simple_evaluate on 20 samples: 2", sub=(r"limit=\d+", "limit=2")),
+    Rewrite(r"^(\w+=\S+ )*dlm-decode eval (?!ls)(?!.*--limit)", "a whole lm-eval task: 1 sample", append="--limit 1"),
+    Rewrite(r"^(\w+=\S+ )*dlm-decode eval .*--limit ([2-9]|\d\d)", "1 sample", sub=(r"--limit \d+", "--limit 1")),
+    Rewrite(r"^\s*limit=\d\d", "lm-eval's simple_evaluate on 20 samples: 1", sub=(r"limit=\d+", "limit=1")),
     Rewrite(
         r"^python benchmarks/bench_speed\.py (?!.*--versus-reference)",
-        "16 prompts x every pair x 3 timed passes: 2 prompts, one pass",
-        append="--prompts 2 --repeats 1 --warmup 1",
+        "16 prompts x every sampler x cache x 3 timed passes: 1 prompt, gen 32, threshold with every cache, 1 pass",
+        append="--prompts 1 --gen-length 32 --batch-size 1 --samplers threshold --repeats 1 --warmup 1",
     ),
     Rewrite(
         r"^python benchmarks/bench_speed\.py .*--versus-reference",
-        "gen 256-1024 x 5 passes of both loops: gen 64, batch 1, two rows, one pass",
-        append="--vr-configs 64x1 --vr-steps 64 --vr-rows threshold,threshold+dual --repeats 1 --warmup 0",
+        "gen 256-1024 x 5 passes of both loops: gen 32, batch 1, the threshold+dual row, 1 pass",
+        append="--vr-configs 32x1 --vr-steps 32 --vr-rows threshold+dual --repeats 1 --warmup 0",
     ),
     Rewrite(
         r"^python benchmarks/bench_caches\.py",
-        "gen 256 x batch 8 x every cache: gen 64, batch 1, one pass",
-        append="--gen-lengths 64 --batches 1 --repeats 1",
+        "gen 256 x batch 8 x two samplers x every cache: gen 32, batch 1, threshold, 1 pass",
+        append="--gen-lengths 32 --batches 1 --samplers threshold --repeats 1",
     ),
     Rewrite(
         r"^python benchmarks/bench_lossless\.py",
@@ -92,9 +92,7 @@ REWRITES = (
         append="--tasks waiting_line/copy --limit 1 --repeats 1 --warmup 0",
     ),
     Rewrite(r"^python benchmarks/bench_weight_layout\.py", "interleaved timing rounds: one", append="--repeats 1"),
-    Rewrite(
-        r"^python benchmarks/profile_decode\.py", "gen 256 x 5 repeats: gen 64, one", append="--gen 64 --repeats 1"
-    ),
+    Rewrite(r"^python benchmarks/profile_decode\.py", "gen 256 x 5 repeats: gen 32, 1", append="--gen 32 --repeats 1"),
 )
 
 NOT_RUN = {
@@ -207,7 +205,7 @@ def test_rewrite_shortens_and_redirects() -> None:
     got = rewrite(block, Path("/tmp/t"))
     assert got == (
         "dlm-decode parallelbench --model demo-llada --sweep paper --out /tmp/t/runs/pb.jsonl "
-        "--limit 2 --tasks waiting_line/copy --limit 1\n"
+        "--limit 1 --tasks waiting_line/copy --limit 1\n"
     )
 
 
