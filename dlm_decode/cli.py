@@ -148,7 +148,7 @@ def add_compile_arg(p: argparse.ArgumentParser, extra_help: str = "") -> None:
         metavar="MODE",
         help="torch.compile the layers' elementwise pieces (inductor; MODE: " + ", ".join(MODES) + ", default "
         "'default'); eager with one warning if compiling fails. Compiling takes seconds to minutes on first use, "
-        "counted in the first decode's time; see README 'Compiled forward' for when it pays" + extra_help,
+        "counted in the first decode's time; see docs/caches.md 'Compiled forward' for when it pays" + extra_help,
     )
 
 
@@ -204,7 +204,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--cuda-graphs",
         action="store_true",
         help="replay a block's fixed-shape steps as CUDA graphs (a GPU, batch 1: the forward is host-bound there; "
-        "README 'Step graphs'); counts in the JSON's 'graphs'",
+        "docs/caches.md 'Step graphs'); counts in the JSON's 'graphs'",
     )
 
 
@@ -263,9 +263,23 @@ def _needs_extra(command: str, install: str):
     return run
 
 
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """``parse_args`` that keeps prompt texts given after an option (``generate MODEL --chat "text"``): argparse
+    hands the ``prompts`` positional its empty list together with MODEL, so texts after an option come back unparsed;
+    they join the prompts, while anything option-like left over is still an error."""
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if isinstance(getattr(args, "prompts", None), list):
+        args.prompts += [e for e in extra if not e.startswith("-")]
+        extra = [e for e in extra if e.startswith("-")]
+    if extra:
+        parser.error("unrecognized arguments: " + " ".join(extra))
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
-        args = build_parser().parse_args(argv)
+        args = parse_args(argv)
     except KeyboardInterrupt:  # Ctrl-C while the subcommands' modules import
         print("dlm-decode: interrupted", file=sys.stderr)
         return 130
