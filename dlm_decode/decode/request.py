@@ -89,6 +89,7 @@ def with_model_lengths(
         return kwargs
     given = (dataclasses.asdict(config) if config is not None else {}) | kwargs  # what the caller set
     lengths = {k: given.get(k) for k in ("gen_length", "block_length", "steps")}
+    DecodeConfig(**{k: v for k, v in lengths.items() if v is not None})  # the caller's own first ("8": not a length)
     return kwargs | fill_lengths(facts.generation, **lengths, blockwise=sampler.traits.blockwise)
 
 
