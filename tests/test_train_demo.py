@@ -8,6 +8,7 @@ All on CPU, tiny models, no downloads.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import re
@@ -1129,3 +1130,80 @@ def test_train_takes_self_rows_only_with_a_stage_that_names_them_and_resumes_onl
         _train(good, mini_pb, tmp_path / "r", "--resume", "--set", f"data.self_rows=[{other}]")
     _train(good, mini_pb, tmp_path / "r", "--resume")
     assert [json.loads(x)["step"] for x in (tmp_path / "r" / "log.jsonl").read_text().splitlines()] == [1, 2, 3]
+
+
+# ------------------------------------------------------------------------------------------ config files
+
+
+@pytest.mark.parametrize(
+    "name,family,seed,stop", [("demo-llada", "llada", 911, 3631), ("demo-dream", "dream", 921, 3619)]
+)
+def test_shipped_final_stage_configs_load_as_the_shipped_runs_were_set(name, family, seed, stop):
+    cfg = cf.load_config(ROOT / "recipes" / "train_demo" / "configs" / f"{name}.yaml", [f"model.init={DEMO / name}"])
+    assert cfg.model.family == family and cfg.run.seed == seed and cfg.run.stop_after == stop
+    assert cfg.data.short_batch == cfg.data.full_batch == 128 and cfg.optim.lr == 1.5e-4
+    assert cfg.optim.decay_steps == 1500 and cfg.optim.warmup == 100 and cfg.total_steps == 3800
+    (stage,) = cfg.stages
+    assert len(stage.tasks) == 18 and stage.tasks[-1] == st.SELF and stage.aux_chat is False and stage.gap == 48
+    assert cfg.data.task_weights["sort_close"] == 12 and len(cfg.data.self_rows) == 2
+    assert tr.tokenizer_dir(cfg) == DEMO / name  # the init checkpoint's tokenizer
+
+
+def test_config_files_overrides_and_bad_configs_name_the_key(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("model: {tokenizer: t, family: dream}\nstages:\n  - {kind: short, steps: 4}\nrun: {seed: 3}\n")
+    cfg = cf.load_config(path, ["run.seed=7", "optim.lr=2e-4", "data.task_weights={sort: 2}"])
+    assert cfg.model.family == "dream" and cfg.model.kv_heads == 2 and cfg.run.seed == 7 and cfg.optim.lr == 2e-4
+    assert cfg.data.task_weights == {"sort": 2.0} and cfg.run.threads == cf.RunConfig().threads  # one default
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.run.seed = 1  # type: ignore[misc]
+    bad = {
+        "run: {seed: [1]}\n": "run.seed: expected a number",
+        "model: {tokenizer: t}\nsurprise: 1\n": "unknown key(s) ['surprise']",
+        "model: {tokenizer: t, family: gpt}\n": "model.family: 'gpt'; choose one of llada, dream, llada2",
+        "model: {tokenizer: t, family: llada2, attention: block_causal, block_length: 32}\n": "llada2",
+        "model: {tokenizer: t, attention: block_causal}\n": "block_causal needs family llada2",
+        "model: {tokenizer: t, block_length: 32}\n": "block_length is for block_causal attention",
+        "model: {d_model: 64}\n": "model.tokenizer: a fresh model",
+        "model: [1, 2]\n": "model: expected a mapping",
+        "- 1\n": "expected a mapping of sections",
+        "model: {tokenizer: t\n": "not valid YAML",
+        "model: {tokenizer: t}\noptim: {train_only: []}\n": "optim.train_only: give at least one",
+        "model: {tokenizer: t}\nstages: {kind: short}\n": "stages: give a non-empty list",
+    }
+    for text, message in bad.items():
+        path.write_text(text)
+        with pytest.raises(ValueError, match=re.escape(message)):
+            cf.load_config(path)
+    path.write_text("model: {tokenizer: t}\n")
+    for item, message in (
+        ("seed=1", "expected SECTION.KEY=VALUE"),
+        ("stages.x=1", "section model, data"),
+        ("run.x=1", "run: unknown key(s) ['x']"),
+    ):
+        with pytest.raises(ValueError, match=re.escape(message)):
+            cf.load_config(path, [item])
+    with pytest.raises(ValueError, match="--config: .*none.yaml is not a file"):
+        cf.load_config(tmp_path / "none.yaml")
+
+
+def test_train_stops_on_a_bad_input_before_loading_anything(tmp_path, monkeypatch):
+    def boom(*a, **k):
+        raise AssertionError("loaded before the input error")
+
+    monkeypatch.setattr(tr, "setup", boom)
+    path = tmp_path / "c.yaml"
+    path.write_text("model: {tokenizer: " + str(tmp_path) + "}\n")
+    monkeypatch.delenv("DLM_PARALLELBENCH_DATA", raising=False)
+    with pytest.raises(ValueError, match=r"no ParallelBench data: pass --data DIR .* or set \$DLM_PARALLELBENCH_DATA"):
+        tr.main(["--config", str(path)])
+    with pytest.raises(ValueError, match="--data: ParallelBench data directory .* not found"):
+        tr.main(["--config", str(path), "--data", str(tmp_path / "nope")])
+    with pytest.raises(ValueError, match="has no waiting_line/task_config.yaml"):
+        tr.main(["--config", str(path), "--data", str(tmp_path)])
+    (tmp_path / "pb" / "waiting_line").mkdir(parents=True)
+    (tmp_path / "pb" / "puzzle").mkdir()
+    for g in ("waiting_line", "puzzle"):
+        (tmp_path / "pb" / g / "task_config.yaml").write_text("{}")
+    with pytest.raises(ValueError, match="holds no tokenizer.json"):
+        tr.main(["--config", str(path), "--data", str(tmp_path / "pb")])
