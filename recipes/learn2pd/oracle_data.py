@@ -36,6 +36,7 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
+from tqdm.auto import tqdm
 
 import dlm_decode
 from dlm_decode.cli import run_script
@@ -180,7 +181,6 @@ def collect(
     stats = {"prompts": 0, "reference_nfe": 0, second: 0, "tokens": 0}
     if policy is not None:
         stats["policy_same_as_reference"] = 0
-    from tqdm.auto import tqdm
 
     bar = tqdm(total=sum(len(v) for v in groups.values()), unit="prompt", desc="records", disable=not progress)
     for gen, items in sorted(groups.items()):

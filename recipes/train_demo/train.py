@@ -117,8 +117,8 @@ def load_rows(
                 f"--resume: the run in {out} trained on other self rows (sha256 {before}); give the same "
                 "data.self_rows files, or start a new --out"
             )
-    official = official_keys(pb)
-    exclude = {t: official[t] | keys_of(held)[t] for t in TASKS}
+    official, held_keys = official_keys(pb), keys_of(held)
+    exclude = {t: official[t] | held_keys[t] for t in TASKS}
     return RowStream(pb, tok, cfg.run.seed, exclude=exclude, self_rows=self_rows), self_meta
 
 
