@@ -1,7 +1,7 @@
 """Train a small LLaDA- or Dream-family masked-diffusion model on generated ParallelBench tasks (LLaDA SFT).
 
-    python -m recipes.train_demo.train --config recipes/train_demo/configs/demo-llada.yaml \
-        --data PARALLELBENCH_DIR [--out runs/train_demo/demo-llada] [--init CHECKPOINT] [--resume] [--set run.threads=1]
+    python -m recipes.train_demo.train --config recipes/train_demo/configs/demo-llada.yaml --data PB_DIR
+        [--out runs/train_demo/demo-llada] [--init CHECKPOINT] [--resume] [--set run.threads=1]
 
 The config (``config.py``; YAML, see ``configs/``) names the model, the rows (``stream.py``), the optimizer and the
 curriculum's stages; the objective is LLaDA's SFT loss (``objective.py``). Every batch and every mask is a function
