@@ -17,6 +17,7 @@ from typing import Any, NoReturn
 
 import dlm_decode
 from dlm_decode.cache import CACHES, get_cache
+from dlm_decode.core.generation_config import resolve_chat
 from dlm_decode.core.inputs import encode_prompts
 from dlm_decode.decode import check_request
 from dlm_decode.models.compiled import MODES
@@ -196,7 +197,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help="checkpoint directory or shipped demo name (demo-llada, demo-dream)")
     p.add_argument("prompts", nargs="*", help="prompt texts, one per batch row")
     p.add_argument("--input-ids", action="append", default=[], metavar="1,2,3", help="token ids of one row")
-    p.add_argument("--chat", action="store_true", help="wrap each text prompt as a user turn of the chat template")
+    p.add_argument(
+        "--chat",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="wrap each text prompt as a user turn of the chat template (default: the checkpoint's "
+        "generation_config.json `chat`, else no)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     add_decoding_args(p)
     add_compile_arg(p)
@@ -225,7 +232,7 @@ def run(args: argparse.Namespace) -> int:
     facts, tok = model_facts(args.model), load_tokenizer(args.model)
     if args.prompts and tok is None:
         raise ValueError(f"{args.model} ships no tokenizer: pass --input-ids instead of text prompts")
-    ids = encode_prompts(rows, tok, args.chat)
+    ids = encode_prompts(rows, tok, resolve_chat(facts.generation, args.chat))
     check_request(facts, ids, **kw)
     model, _ = dlm_decode.load_model(args.model, dtype=args.dtype, device=args.device, tokenizer=False)
     out = dlm_decode.generate(model, ids, tokenizer=tok, compile=args.compile, cuda_graphs=args.cuda_graphs, **kw)
