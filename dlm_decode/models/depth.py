@@ -70,7 +70,7 @@ class DepthProgram:
         blocks: Any,
         h: torch.Tensor,  # [B, Q, d] embeddings of the computed slots
         rope: Any,  # positions [B, N] -> (cos, sin), the model's ``rope_cos_sin``
-        store: Any,
+        kv: Any,  # the forward's ``cache.store.KVAccess`` (every row of the store, written)
         slots: Index,
         key_mask: torch.Tensor | None,  # [B, T]
         rows: Index | None,
@@ -88,15 +88,15 @@ class DepthProgram:
         for i, block in enumerate(blocks):
             testing = plan.track is not None and not bool(refreshing.all())
             past = (
-                _rows_attention(block, plan, mem.hidden[i], plan.track, store.keys(i), key_mask, rope)
+                _rows_attention(block, plan, mem.hidden[i], plan.track, kv.store.keys(i), key_mask, rope)
                 if testing
                 else None
             )
             mem.hidden[i].scatter_(1, cur[..., None].expand_as(h), h)
             r = _rows_of(cur, want) if i == n_layers - 1 else None
-            out = block(h, cos, sin, i, store, cur, key_mask, None, r, pieces)
+            out = block(h, cos, sin, i, kv, cur, key_mask, None, r, pieces)
             if testing:
-                now = _rows_attention(block, plan, mem.hidden[i], plan.track, store.keys(i), key_mask, rope)
+                now = _rows_attention(block, plan, mem.hidden[i], plan.track, kv.store.keys(i), key_mask, rope)
                 sigma = _drift(past, now, plan.track)  # [B]
                 mem.sigma[i] = sigma
                 start = (sigma < plan.gamma) & ~refreshing
@@ -107,9 +107,9 @@ class DepthProgram:
                     h = mem.hidden[i].gather(1, cur[..., None].expand(-1, -1, h.shape[-1]))
                     cos, sin = rope(plan.positions.gather(1, cur))
                     r = _rows_of(cur, want) if i == n_layers - 1 else None
-                    out = block(h, cos, sin, i, store, cur, key_mask, None, r, pieces)
+                    out = block(h, cos, sin, i, kv, cur, key_mask, None, r, pieces)
             mem.slot_layers += cur.shape[0] * cur.shape[1]
-            mem.picks[i] = _pick(block, plan, mem.hidden[i], store.keys(i), key_mask, rope)
+            mem.picks[i] = _pick(block, plan, mem.hidden[i], kv.store.keys(i), key_mask, rope)
             h = out
         return h
 

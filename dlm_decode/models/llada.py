@@ -126,9 +126,9 @@ class LLaDABlock(nn.Module):
     def feed_forward(self, m: torch.Tensor) -> torch.Tensor:
         return self.ff_out(nn.functional.silu(self.ff_proj(m)) * self.up_proj(m))
 
-    def forward(self, h, cos, sin, layer, store, slots, key_mask, key_index, rows=None, pieces=EAGER):  # h [B, Q, d]
+    def forward(self, h, cos, sin, layer, kv, slots, key_mask, key_index, rows=None, pieces=EAGER):  # h [B, Q, d]
         """[B, Q, d], or [B, N, d] for the query ``rows`` only (``common.take_rows``; K/V from every row)."""
-        return layer_forward(self, h, cos, sin, layer, store, slots, key_mask, key_index, rows, pieces)
+        return layer_forward(self, h, cos, sin, layer, kv, slots, key_mask, key_index, rows, pieces)
 
 
 class LLaDAModel(nn.Module):
@@ -171,7 +171,7 @@ class LLaDAModelLM(DiffusionLMMixin, PreTrainedModel):
         return c.n_layers, c.n_kv_heads, c.d_model // c.n_heads
 
     def hidden_states(
-        self, input_ids, positions, *, store=None, slots=None, key_mask=None, key_index=None, rows=None, layers=None
+        self, input_ids, positions, *, kv=None, slots=None, key_mask=None, key_index=None, rows=None, layers=None
     ):
         t = self.model.transformer
         hd = self.config.d_model // self.config.n_heads
@@ -179,11 +179,11 @@ class LLaDAModelLM(DiffusionLMMixin, PreTrainedModel):
         pieces = self.layer_pieces
         if layers is not None:  # Elastic-Cache's depth-aware loop (``depth.DepthProgram``)
             rope = partial(rope_cos_sin, head_dim=hd, theta=self.config.rope_theta)
-            return t.ln_f(layers.run(t.blocks, h, rope, store, slots, key_mask, rows, pieces))
+            return t.ln_f(layers.run(t.blocks, h, rope, kv, slots, key_mask, rows, pieces))
         cos, sin = rope_cos_sin(positions, hd, self.config.rope_theta)
         last = len(t.blocks) - 1
         for i, block in enumerate(t.blocks):
-            h = block(h, cos, sin, i, store, slots, key_mask, key_index, rows if i == last else None, pieces)
+            h = block(h, cos, sin, i, kv, slots, key_mask, key_index, rows if i == last else None, pieces)
         return t.ln_f(h)
 
     def output_logits(self, hidden: torch.Tensor) -> torch.Tensor:
