@@ -29,6 +29,9 @@ class StepPlan:
     # the region's other slots flat logits and never commits them). None: every masked slot of the region. Must be
     # None at the block's last allowed step (``state.block_limit``), where the loop finishes the block.
     candidates: torch.Tensor | None = None
+    # a ``models.depth.DepthProgram`` (Elastic-Cache): the model runs its layers depth-aware, the compute set widening
+    # per row from the layer whose attention drifted; None: every layer computes ``compute``
+    layers: Any = None
 
 
 @dataclass(frozen=True)
@@ -49,3 +52,7 @@ class CachePolicy:
 
     def after_step(self, state: DecodeState, committed: torch.Tensor) -> None:
         """``committed`` [B, T] bool: slots written this step."""
+
+    def report(self, state: DecodeState) -> dict[str, Any]:
+        """The policy's own statistics of the call (``GenerateOutput.cache_stats``); empty by default."""
+        return {}

@@ -7,6 +7,7 @@ from typing import Any
 from dlm_decode.cache.base import CachePolicy
 from dlm_decode.cache.dkv import DKVDecode, DKVGreedy, DKVPrefill, DKVPrefillDecode
 from dlm_decode.cache.dual import DualCache
+from dlm_decode.cache.elastic import ElasticCache
 from dlm_decode.cache.none import NoCache
 from dlm_decode.cache.prefix import PrefixCache
 from dlm_decode.cache.window import WindowCache
@@ -21,6 +22,7 @@ CACHES: dict[str, type[CachePolicy]] = {
     "dkv_prefill": DKVPrefill,
     "dkv_pd": DKVPrefillDecode,
     "window": WindowCache,
+    "elastic": ElasticCache,
 }
 
 

@@ -79,6 +79,8 @@ def region_logits(
     """[B, R, V] aligned logits of the region (zeros where ``narrow``, from ``subset``, leaves them out), with
     classifier-free guidance applied when asked for."""
     canvas, pos, valid = state.canvas, state.positions, state.valid
+    if plan.layers is not None:  # a depth-aware program keeps per-row caches of the whole batch: never narrowed
+        narrow = None
     rows = None if narrow is None else narrow.rows
     slots = None if narrow is None else narrow.slots
     if rows is None:
@@ -150,7 +152,11 @@ def run_model(
             store_rows = torch.cat([store_rows, store_rows + state.batch])
     kv = None if store is None else KVAccess(store, rows=store_rows, write=plan.write)  # this forward's use of it
     graphs = active_graphs(model)  # ``models.graphs``: a fixed-shape step replayed as a CUDA graph
-    if graphs is not None and graphs.takes(canvas, compute, kv, ki, read):
+    if plan.layers is not None:  # Elastic-Cache's depth-aware layers: eager, their compute set moves per layer
+        logits = model.denoise(
+            canvas, pos, compute=compute, region=region, store=kv, key_mask=km, key_index=ki, layers=plan.layers
+        )
+    elif graphs is not None and graphs.takes(canvas, compute, kv, ki, read):
         logits = graphs.run(model.denoise, canvas, pos, compute=compute, region=region, key_mask=km, key_index=ki)
     else:
         logits = model.denoise(

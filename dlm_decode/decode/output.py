@@ -36,6 +36,7 @@ class GenerateOutput:
     refreshes: int  # steps that recomputed every slot
     sampler: dict[str, Any] = field(default_factory=dict)
     cache: dict[str, Any] = field(default_factory=dict)
+    cache_stats: dict[str, Any] = field(default_factory=dict)  # the policy's own statistics (``CachePolicy.report``)
     config: dict[str, Any] = field(default_factory=dict)  # the DecodeConfig decoded with (unset options filled in)
     trace: torch.Tensor | None = None  # [B, L] step that committed each generation slot (-1: cut / filled)
     scratch: dict[str, Any] = field(default_factory=dict)  # the call's sampler / cache memory (records, statistics)
@@ -66,28 +67,32 @@ class GenerateOutput:
         return sum(r.accepted_steps for r in self.rows) / calls if calls else None
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "rows": [
-                {
-                    "prompt_ids": r.prompt_ids,
-                    "generated_ids": r.generated_ids,
-                    "text": r.text,
-                    "nfe": r.nfe,
-                    "error": r.error,  # None, or why the row stopped early (its slots are then not an answer)
-                    "accepted_steps": r.accepted_steps,
-                }
-                for r in self.rows
-            ],
-            "nfe": self.nfe,
-            "sequential_forwards": self.sequential_forwards,
-            "accepted_steps_per_call": self.accepted_steps_per_call,
-            "seconds": self.seconds,
-            "token_forwards": self.token_forwards,
-            "cache_bytes": self.cache_bytes,
-            "sampler": self.sampler,
-            "cache": self.cache,
-            "config": self.config,
-        } | ({"graphs": self.graphs} if self.graphs else {})
+        return (
+            {
+                "rows": [
+                    {
+                        "prompt_ids": r.prompt_ids,
+                        "generated_ids": r.generated_ids,
+                        "text": r.text,
+                        "nfe": r.nfe,
+                        "error": r.error,  # None, or why the row stopped early (its slots are then not an answer)
+                        "accepted_steps": r.accepted_steps,
+                    }
+                    for r in self.rows
+                ],
+                "nfe": self.nfe,
+                "sequential_forwards": self.sequential_forwards,
+                "accepted_steps_per_call": self.accepted_steps_per_call,
+                "seconds": self.seconds,
+                "token_forwards": self.token_forwards,
+                "cache_bytes": self.cache_bytes,
+                "sampler": self.sampler,
+                "cache": self.cache,
+                "config": self.config,
+            }
+            | ({"graphs": self.graphs} if self.graphs else {})
+            | ({"cache_stats": self.cache_stats} if self.cache_stats else {})
+        )
 
 
 def build_output(
@@ -122,6 +127,7 @@ def build_output(
         refreshes=stats.refreshes,
         sampler=describe(req.sampler),
         cache=describe(req.cache),
+        cache_stats=req.cache.report(state),
         config=dataclasses.asdict(state.config) | {"block_length": state.block_length},
         trace=stats.trace if trace else None,
         scratch=state.scratch,

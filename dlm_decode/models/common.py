@@ -253,9 +253,12 @@ class DiffusionLMMixin:
         key_mask: torch.Tensor | None = None,
         key_index: torch.Tensor | None = None,
         rows: Index | None = None,
+        layers: Any = None,
     ) -> torch.Tensor:  # [B, Q, d] ([B, N, d] with rows), after the final norm
         """Hidden states of the query slots; ``rows`` (a slice or [B, N] ids into Q): only those are returned, and
-        the last layer runs its attention output and MLP for them alone (its K/V still come from every row)."""
+        the last layer runs its attention output and MLP for them alone (its K/V still come from every row).
+        ``layers`` (a ``depth.DepthProgram``): the layer loop is ``layers.run`` (its compute set may widen per
+        layer), the rest as usual."""
         raise NotImplementedError
 
     def output_logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -276,6 +279,7 @@ class DiffusionLMMixin:
         key_mask: torch.Tensor | None = None,  # [B, T] (or [B, W] with key_index)
         key_index: torch.Tensor | slice | None = None,  # [B, W] slots to attend to, or a run shared by all rows
         read: torch.Tensor | None = None,  # [B, N] region offsets whose logits are wanted; None: all of the region
+        layers: Any = None,  # a ``depth.DepthProgram``: the layers run depth-aware (Elastic-Cache); None: plainly
     ) -> torch.Tensor:  # [B, R, V] logits; logits[:, j] predicts slot region[0] + j
         """Compute hidden states at ``compute`` slots and return aligned logits for slots ``[r0, r1)``.
 
@@ -304,7 +308,8 @@ class DiffusionLMMixin:
             rows = torch.searchsorted(compute.contiguous(), want.contiguous()).clamp(max=compute.shape[1] - 1)
             ids, pos, slots = canvas.gather(1, compute), positions.gather(1, compute), compute
         kv = KVAccess(store) if isinstance(store, KVStore) else store
-        hid = self.hidden_states(ids, pos, kv=kv, slots=slots, key_mask=key_mask, key_index=key_index, rows=rows)
+        kw = {} if layers is None else {"layers": layers}
+        hid = self.hidden_states(ids, pos, kv=kv, slots=slots, key_mask=key_mask, key_index=key_index, rows=rows, **kw)
         logits = self.output_logits(hid)  # [B, R, V] or [B, N, V]
         if read is None:
             return logits

@@ -17,6 +17,7 @@ caller says otherwise. transformers 5 drops those keys from a config, so ``Dream
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import torch
@@ -244,12 +245,18 @@ class DreamModel(DiffusionLMMixin, PreTrainedModel):
         c = self.config
         return c.num_hidden_layers, c.num_key_value_heads, c.hidden_size // c.num_attention_heads
 
-    def hidden_states(self, input_ids, positions, *, kv=None, slots=None, key_mask=None, key_index=None, rows=None):
+    def hidden_states(
+        self, input_ids, positions, *, kv=None, slots=None, key_mask=None, key_index=None, rows=None, layers=None
+    ):
         c = self.config
-        cos, sin = rope_cos_sin(positions, c.hidden_size // c.num_attention_heads, c.rope_theta)
+        hd = c.hidden_size // c.num_attention_heads
         h = self.model.embed_tokens(input_ids)
-        last = len(self.model.layers) - 1
         pieces = self.layer_pieces
+        if layers is not None:  # Elastic-Cache's depth-aware loop (``depth.DepthProgram``)
+            rope = partial(rope_cos_sin, head_dim=hd, theta=c.rope_theta)
+            return self.model.norm(layers.run(self.model.layers, h, rope, kv, slots, key_mask, rows, pieces))
+        cos, sin = rope_cos_sin(positions, hd, c.rope_theta)
+        last = len(self.model.layers) - 1
         for i, layer in enumerate(self.model.layers):
             h = layer(h, cos, sin, i, kv, slots, key_mask, key_index, rows if i == last else None, pieces)
         return self.model.norm(h)

@@ -9,6 +9,8 @@ explicit positions, a subset of query slots and an external K/V store.
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 from torch import nn
 from transformers import PretrainedConfig, PreTrainedModel
@@ -224,12 +226,18 @@ class LLaDAModelLM(DiffusionLMMixin, PreTrainedModel):
         c = self.config
         return c.n_layers, c.n_kv_heads, c.d_model // c.n_heads
 
-    def hidden_states(self, input_ids, positions, *, kv=None, slots=None, key_mask=None, key_index=None, rows=None):
+    def hidden_states(
+        self, input_ids, positions, *, kv=None, slots=None, key_mask=None, key_index=None, rows=None, layers=None
+    ):
         t = self.model.transformer
-        cos, sin = rope_cos_sin(positions, self.config.d_model // self.config.n_heads, self.config.rope_theta)
+        hd = self.config.d_model // self.config.n_heads
         h = t.wte(input_ids)
-        last = len(t.blocks) - 1
         pieces = self.layer_pieces
+        if layers is not None:  # Elastic-Cache's depth-aware loop (``depth.DepthProgram``)
+            rope = partial(rope_cos_sin, head_dim=hd, theta=self.config.rope_theta)
+            return t.ln_f(layers.run(t.blocks, h, rope, kv, slots, key_mask, rows, pieces))
+        cos, sin = rope_cos_sin(positions, hd, self.config.rope_theta)
+        last = len(t.blocks) - 1
         for i, block in enumerate(t.blocks):
             h = block(h, cos, sin, i, kv, slots, key_mask, key_index, rows if i == last else None, pieces)
         return t.ln_f(h)
