@@ -186,7 +186,7 @@ CLI_CASES = [
     ("36", [*DEMO, "--steps", "32"], "steps (32) must be <= gen_length (16)"),
     ("37", ["generate", "demo-llada", "--input-ids", ",".join(["5"] * 600)], "maximum sequence length 512"),
     ("38", ["generate", "demo-llada", "word " * 600], "maximum sequence length 512"),
-    ("39", ["generate", "demo-llada", "", "--gen-length", "8"], "prompt 0 is empty"),
+    ("39", ["generate", "demo-llada", "", "--gen-length", "8"], "prompt 0 is empty text"),
     ("40", ["generate", "demo-llada"], "nothing to decode: give prompt texts or --input-ids"),
     ("41", ["generate", "demo-llada", "--input-ids", ""], "prompt 0 is empty"),
     ("42", ["generate", "demo-llada", "--input-ids", "5,x,7"], "--input-ids expects comma-separated integers"),

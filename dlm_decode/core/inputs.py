@@ -75,6 +75,8 @@ def encode_prompts(prompts: Sequence[Prompt] | torch.Tensor, tokenizer: Any | No
         if isinstance(p, str) or (isinstance(p, Sequence) and p and isinstance(p[0], dict)):
             if tokenizer is None:
                 raise ValueError(f"prompt {i} is text but no tokenizer was given; pass token ids or a tokenizer")
+            if isinstance(p, str) and not p.strip():  # even as a chat turn: an empty question is a mistake
+                raise ValueError(f"prompt {i} is empty text; every row needs a prompt")
             if isinstance(p, str) and not chat:
                 out.append(list(tokenizer(_text(p, f"prompt {i}"))["input_ids"]))
                 continue
