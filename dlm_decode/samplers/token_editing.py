@@ -38,6 +38,7 @@ class TokenEditing(Sampler):
 
     name: ClassVar[str] = "token_editing"
     edits: ClassVar[bool] = True
+    commits_every_step: ClassVar[bool] = False  # a post step that edits nothing ends the block
 
     def __post_init__(self) -> None:
         check_unit(self.name, "threshold", self.threshold)
