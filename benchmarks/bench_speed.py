@@ -322,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
     mems: dict[tuple[str, str], int | None] = {}
     for s, c in pairs:
         kw = common | {"sampler": s, "sampler_options": s_opts.get(s, {}), "cache": c, "cache_options": c_opts.get(c)}
-        fixed = get_sampler(s, s_opts.get(s)).fixed_budget
+        fixed = get_sampler(s, s_opts.get(s)).traits.fixed_budget
         kw["steps"] = args.gen_length if (s, c) == BASELINE or not fixed else args.gen_length // args.k
         heads[(s, c)] = {"sampler": s, "cache": c, "steps": kw["steps"] if fixed else None}
         print(f"bench: warm-up {s} / {c}", file=sys.stderr)

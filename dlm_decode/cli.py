@@ -77,8 +77,12 @@ def missing_extra(command: str) -> str | None:
     return f'pip install -e ".[{extra}]"  (or: pip install "dlm-decode[{extra}]")'
 
 
-def add_decoding_args(p: argparse.ArgumentParser, *, gen_length: int | None = 128) -> None:
-    """Flags every decoding command shares (same names in generate, parallelbench, demo, benchmarks)."""
+def add_decoding_args(p: argparse.ArgumentParser, *, task_lengths: bool = False) -> None:
+    """Flags every decoding command shares (same names in generate, parallelbench, demo, benchmarks).
+    ``task_lengths``: each task sets the gen length (ParallelBench), and a ``--preset`` sets no lengths; else an
+    unset gen length is the checkpoint's (its ``generation_config.json``), else 128."""
+    preset_lengths = not task_lengths
+    lengths = "the task's: 32 waiting line, 64 puzzles" if task_lengths else "the checkpoint's, else 128"
     g = p.add_argument_group("decoding")
     g.add_argument("--sampler", default=None, help="sampler name (default low_confidence): " + ", ".join(SAMPLERS))
     g.add_argument(
@@ -86,7 +90,7 @@ def add_decoding_args(p: argparse.ArgumentParser, *, gen_length: int | None = 12
         default=None,
         metavar="NAME",
         help="a paper's published setting: sets the sampler and its options"
-        + (" and, unless given, gen length, block length and steps" if gen_length is not None else "")
+        + (" and, unless given, gen length, block length and steps" if preset_lengths else "")
         + "; --sampler-opt adds to / overrides its options. One of: "
         + ", ".join(sorted(PRESETS)),
     )
@@ -98,11 +102,23 @@ def add_decoding_args(p: argparse.ArgumentParser, *, gen_length: int | None = 12
     )
     g.add_argument("--cache-opt", action="append", default=[], metavar="KEY=VALUE", help="cache option")
     g.add_argument(
-        "--gen-length", type=int, default=None, help=f"generation slots after the prompt (default {gen_length})"
+        "--gen-length", type=int, default=None, help=f"generation slots after the prompt (default: {lengths})"
     )
-    p.set_defaults(_default_gen_length=gen_length)
-    g.add_argument("--block-length", type=int, default=None, help="block size (default: 32, or gen length)")
-    g.add_argument("--steps", type=int, default=None, help="total steps for fixed-budget samplers (default: gen)")
+    p.set_defaults(_preset_lengths=preset_lengths)
+    g.add_argument(
+        "--block-length",
+        type=int,
+        default=None,
+        help="block size (default: the checkpoint's generation_config.json, clipped to the gen length; else 32, or "
+        "the gen length for the Dream orderings)",
+    )
+    g.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help="total steps for fixed-budget samplers (default: the checkpoint's with its gen length, else the gen "
+        "length)",
+    )
     g.add_argument("--temperature", type=float, default=0.0)
     g.add_argument(
         "--top-p",
@@ -151,11 +167,10 @@ def decoding_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         given = {k: getattr(args, k) for k in ("gen_length", "block_length", "steps") if getattr(args, k) is not None}
         resolved = preset.generate_kwargs(options, **given)  # the preset's steps follow an overridden gen length
         options = resolved["sampler_options"]
-        if args._default_gen_length is not None:  # commands with their own lengths (ParallelBench) keep them
+        if args._preset_lengths:  # commands with their own lengths (ParallelBench) keep them
             overrides = {k: resolved[k] for k in ("gen_length", "block_length", "steps") if k in resolved}
-    gen_length = (
-        args.gen_length if args.gen_length is not None else overrides.get("gen_length", args._default_gen_length)
-    )
+    # unset: the checkpoint's (``check_request``), else DecodeConfig's 128; ParallelBench: each task's
+    gen_length = args.gen_length if args.gen_length is not None else overrides.get("gen_length")
     kw = dict(
         sampler=preset.sampler if preset else (args.sampler or "low_confidence"),
         sampler_options=options,

@@ -122,12 +122,12 @@ def demo_configs(quick: bool = False, max_configs: int = 24) -> list[dict[str, A
     if quick:
         names = [s for s in QUICK_SAMPLERS if s in SAMPLERS]
     for s in names:
-        configs.append(cfg(s, k=FIXED_BUDGET_K if get_sampler(s).fixed_budget else None))
+        configs.append(cfg(s, k=FIXED_BUDGET_K if get_sampler(s).traits.fixed_budget else None))
     primary = next(s for s in PRIMARY if s in SAMPLERS)
     caches = [c for c in CACHES if c != "none"]
     if quick:
         caches = [c for c in ("prefix", "dual") if c in CACHES] or caches[:2]
-    k = None if not get_sampler(primary).fixed_budget else 1
+    k = None if not get_sampler(primary).traits.fixed_budget else 1
     configs += [cfg(primary, c, k) for c in caches]
     return configs[: max(1, max_configs)]
 

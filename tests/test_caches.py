@@ -34,7 +34,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 def _run(model, sampler, cache, prompts=PROMPTS, cache_options=None, **kw):
     kw.setdefault("gen_length", 16)
-    kw.setdefault("block_length", 8 if get_sampler(sampler).blockwise else None)
+    kw.setdefault("block_length", 8 if get_sampler(sampler).traits.blockwise else None)
     return dlm_decode.generate(model, prompts, sampler=sampler, cache=cache, cache_options=cache_options, **kw)
 
 

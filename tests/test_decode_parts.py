@@ -36,7 +36,7 @@ def test_resolve_lengths_is_the_one_default_rule():
     assert resolve_lengths(128, 64, 32, blockwise=False) == (64, 32)  # given values win
     for name in ("low_confidence", "origin"):
         req = check_request(None, sampler=name, gen_length=64)
-        block, steps = resolve_lengths(64, blockwise=get_sampler(name).blockwise)
+        block, steps = resolve_lengths(64, blockwise=get_sampler(name).traits.blockwise)
         assert (req.block_length, req.num_blocks, req.steps) == (block, 64 // block, steps)
 
 

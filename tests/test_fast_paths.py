@@ -2,7 +2,7 @@
 
 The shortcuts: the last layer, final norm and LM head run only for the rows whose logits are returned
 (``hidden_states(rows=...)``); a sampler that reads only its candidates gets logits at those slots alone
-(``denoise(read=...)``); rows without candidates sit out the forward (``forward.subset``, ``KVStore.batch_rows``).
+(``denoise(read=...)``); rows without candidates sit out the forward (``forward.subset``, ``KVAccess.rows``).
 The plain path below switches all three off (every row of every step through every layer, logits over the whole
 region), as the loop ran before them. Equal-length batches are also compared with the reference re-statements.
 No wall-clock assertions: speed is ``benchmarks/bench_speed.py --versus-reference``.
@@ -21,6 +21,7 @@ from reference_generate import fastdllm_generate, llada_generate
 import dlm_decode
 import dlm_decode.decode.loop as loop
 from dlm_decode.cache import KVStore
+from dlm_decode.cache.store import KVAccess
 from dlm_decode.core.state import BlockCursor, DecodeState
 from dlm_decode.models.common import take_rows
 
@@ -185,29 +186,50 @@ def test_denoise_read_gives_the_region_logits_there_and_zeros_elsewhere(which, c
     assert not got[~kept].any()
 
 
-def test_store_batch_rows_write_only_those_rows_and_spread_queries_to_them():
+def test_access_rows_write_only_those_rows_and_spread_queries_to_them():
     store = KVStore(2, 4, 2, 10, 3, dtype=torch.float32, device="cpu")
     rows = torch.tensor([3, 1])
+    kv = KVAccess(store, rows=rows)  # a forward of the store's rows 3 and 1
     k, v = torch.randn(2, 2, 4, 3), torch.randn(2, 2, 4, 3)
-    store.batch_rows = rows
-    store.write(1, slice(2, 6), k, v)
+    keys, values = kv.update(1, slice(2, 6), k, v)
     ids = torch.tensor([[0, 4, 4], [9, 5, 7]])
     k2 = torch.randn(2, 2, 3, 3)
     k2[0, :, 2] = k2[0, :, 1]  # a repeated slot carries the same K/V (the index padding)
-    store.write(0, ids, k2, k2)
-    assert store.keys(1).shape[0] == 4  # reads are the whole batch, never a copy of the rows
-    assert torch.equal(store.own_rows(store.keys(1))[:, :, 2:6], k)
-    assert torch.equal(store.own_rows(store.values(1))[:, :, 2:6], v)
+    kv.update(0, ids, k2, k2)
+    assert keys.shape[0] == 4  # reads are the whole batch, never a copy of the rows
+    assert torch.equal(kv.own_rows(keys)[:, :, 2:6], k) and torch.equal(kv.own_rows(values)[:, :, 2:6], v)
     q = torch.randn(2, 5)
-    assert torch.equal(store.spread(q)[rows], q) and not store.spread(q)[[0, 2]].any()
-    assert store.spread(torch.zeros(2, 5, dtype=torch.bool), True)[[0, 2]].all()
-    store.batch_rows = None
-    assert store.spread(q) is q and store.own_rows(q) is q
+    assert torch.equal(kv.spread(q)[rows], q) and not kv.spread(q)[[0, 2]].any()
+    assert kv.spread(torch.zeros(2, 5, dtype=torch.bool), True)[[0, 2]].all()
+    whole = KVAccess(store)
+    assert whole.spread(q) is q and whole.own_rows(q) is q
     assert not store.k[:, [0, 2]].any() and not store.v[:, [0, 2]].any()
     assert torch.equal(store.k[1, 3, :, 2:6], k[0]) and torch.equal(store.k[1, 1, :, 2:6], k[1])
     for j, r in enumerate(rows.tolist()):
         for q in range(3):
             assert torch.equal(store.k[0, r, :, ids[j, q]], k2[j, :, q])
+
+
+def test_unwritten_access_attends_to_fresh_kv_and_leaves_the_store_as_it_was():
+    """``write=False`` (a plan that keeps the cache): the keys read back carry the fresh K/V at the forward's rows
+    and slots, the store itself keeps its old ones, and nothing of the forward stays behind in it."""
+    store = KVStore(2, 3, 2, 8, 4, dtype=torch.float32, device="cpu")
+    store.k.normal_(), store.v.normal_()
+    before_k, before_v = store.k.clone(), store.v.clone()
+    rows = torch.tensor([2])
+    k, v = torch.randn(1, 2, 3, 4), torch.randn(1, 2, 3, 4)
+    keys, values = KVAccess(store, rows=rows, write=False).update(1, slice(4, 7), k, v)
+    assert torch.equal(keys[2, :, 4:7], k[0]) and torch.equal(values[2, :, 4:7], v[0])
+    assert torch.equal(keys[:2], before_k[1, :2]) and torch.equal(keys[2, :, :4], before_k[1, 2, :, :4])
+    assert torch.equal(store.k, before_k) and torch.equal(store.v, before_v)
+
+
+def test_the_store_keeps_no_per_call_state():
+    """The store is storage only: its K/V buffers and nothing a forward sets and resets."""
+    store = KVStore(2, 3, 2, 8, 4, dtype=torch.float32, device="cpu")
+    assert set(vars(store)) == {"k", "v"}
+    copy = store.take_rows(torch.tensor([0, 0, 2]))
+    assert set(vars(copy)) == {"k", "v"} and copy.k.shape[1] == 3
 
 
 def test_versus_reference_benchmark_runs_and_finds_identical_tokens(llada_dir, capsys):

@@ -13,6 +13,8 @@ import torch
 from conftest import decode_small
 
 import dlm_decode
+from dlm_decode.cache import KVStore
+from dlm_decode.cache.store import KVAccess
 from dlm_decode.models.graphs import StepGraphs
 
 pytestmark = [
@@ -86,8 +88,6 @@ def test_a_failed_capture_warns_and_decodes_the_rest_eagerly(llada, monkeypatch)
 
 
 def test_takes_refuses_what_a_graph_cannot_serve(llada):
-    from dlm_decode.cache import KVStore
-
     store = KVStore(2, 1, 2, 10, 8, dtype=torch.float32, device="cpu")
     g = StepGraphs(store)
     canvas = torch.zeros(1, 10, dtype=torch.long)
@@ -99,11 +99,9 @@ def test_takes_refuses_what_a_graph_cannot_serve(llada):
         assert not g.takes(canvas, slice(2, 6), store, torch.tensor([[0, 1]]), None)  # gathered keys
         assert not g.takes(canvas, slice(2, 6), store, None, torch.tensor([[0]]))  # a read subset
         assert not g.takes(canvas, slice(2, 6), store.take_rows(torch.tensor([0])), None, None)  # a draft's copy
-        store.frozen = True
-        assert not g.takes(canvas, slice(2, 6), store, None, None)
-        store.frozen = False
-        store.batch_rows = torch.tensor([0])  # a forward of some rows only
-        assert not g.takes(canvas, slice(2, 6), store, None, None)
+        assert g.takes(canvas, slice(2, 6), KVAccess(store), None, None)
+        assert not g.takes(canvas, slice(2, 6), KVAccess(store, write=False), None, None)  # a frozen store
+        assert not g.takes(canvas, slice(2, 6), KVAccess(store, rows=torch.tensor([0])), None, None)  # some rows
 
 
 def test_cpu_model_is_told_nothing_is_captured(llada):

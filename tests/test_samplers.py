@@ -10,11 +10,16 @@ import dlm_decode
 from dlm_decode.samplers import SAMPLERS, get_sampler
 
 PROMPTS = [[5, 9, 17, 3, 40, 22], [7, 2, 33], [11, 30, 30, 8, 19]]
+# samplers whose reference may commit nothing in a step: the Dream orderings (a schedule count of 0 at low mask
+# ratios) and lossless (a row that finished its block waits for the others); every other one commits >= 1 a step
+# token_editing: a post step (no MASK left) that edits nothing ends the block
+MAY_SKIP_A_STEP = {"origin", "maskgit_plus", "topk_margin", "entropy", "lossless", "token_editing"}
+GREEDY_ONLY = {"lossless"}  # refuses temperature > 0: its promise (the static rule's output) holds only at 0
 
 
 def _run(model, name, prompts=PROMPTS, **kw):
     kw.setdefault("gen_length", 16)
-    kw.setdefault("block_length", 8 if get_sampler(name).blockwise else None)
+    kw.setdefault("block_length", 8 if get_sampler(name).traits.blockwise else None)
     return dlm_decode.generate(model, prompts, sampler=name, trace=True, **kw)
 
 
@@ -30,24 +35,26 @@ def test_invariants(tiny_model, name):
     # commits only inside the current block: with block 8, steps that decode slot j of block k come in order
     trace = out.trace
     assert (trace >= 0).all()
-    if get_sampler(name).blockwise:
+    if get_sampler(name).traits.blockwise:
         assert (trace[:, :8].max(1).values < trace[:, 8:].min(1).values).all()
     # at least one commit per unfinished row per step (where the reference promises it), and a bounded loop
     per_step = torch.tensor(out.tokens_per_step)  # [steps, B]
     smp = get_sampler(name)
-    if smp.edits:  # token editing rewrites decoded slots too, and iterates past a block's last MASK
+    if smp.traits.edits:  # token editing rewrites decoded slots too, and iterates past a block's last MASK
         assert (per_step.sum(0) >= 16).all()
         assert out.nfe <= 16 + 2 * (smp.max_post_steps + 1)
     else:
         assert per_step.sum(0).tolist() == [16] * len(PROMPTS)
-    if get_sampler(name).commits_every_step:
+    if name not in MAY_SKIP_A_STEP:
         rows_left = torch.tensor([[int((trace[b] >= s).any()) for b in range(3)] for s in range(out.nfe)])
         assert ((per_step > 0) | (rows_left == 0)).all()
-    assert out.nfe <= 16 or smp.edits
+    assert out.nfe <= 16 or smp.traits.edits
     # temperature 0 ignores the seed; same seed gives the same output at temperature > 0
     if name not in ("random", "origin"):
         assert torch.equal(out.sequences, _run(tiny_model, name, seed=99).sequences)
-    if get_sampler(name).greedy_only:  # refuses temperature > 0 (tests/test_lossless.py)
+    if name in GREEDY_ONLY:  # refuses temperature > 0 before any work (tests/test_lossless.py)
+        with pytest.raises(ValueError, match=f"{name}: temperature must be 0"):
+            _run(tiny_model, name, temperature=0.8, seed=3)
         return
     a = _run(tiny_model, name, temperature=0.8, seed=3)
     b = _run(tiny_model, name, temperature=0.8, seed=3)
@@ -126,3 +133,31 @@ def test_unknown_sampler_and_bad_options_fail_loudly():
         get_sampler("maskgit_plus", {"alg_temp": "hot"})
     with pytest.raises(ValueError, match="alg_temp must be >= 0"):
         get_sampler("entropy", {"alg_temp": "-1"})
+
+
+def test_capabilities_are_one_frozen_traits_dataclass():
+    """A sampler's capabilities are one ``SamplerTraits`` (frozen, read-only option defaults); no loose class flags."""
+    import dataclasses
+
+    from dlm_decode.samplers import SamplerTraits
+    from dlm_decode.samplers.base import Sampler
+
+    flags = {"blockwise", "fixed_budget", "follows_model_defaults", "option_defaults", "reads_candidates_only"}
+    assert {f.name for f in dataclasses.fields(SamplerTraits)} == flags
+    loose = flags | {"commits_every_step", "greedy_only"}
+    for name in SAMPLERS:
+        smp = get_sampler(name)
+        assert isinstance(smp.traits, SamplerTraits), name
+        assert not loose & set(vars(type(smp))) and not loose & set(vars(Sampler)), name
+    traits = get_sampler("origin").traits
+    assert not traits.blockwise and traits.fixed_budget and traits.follows_model_defaults
+    assert dict(traits.option_defaults) == {"eps": 1e-3}
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        traits.blockwise = True
+    with pytest.raises(TypeError):
+        traits.option_defaults["eps"] = 0.5
+    # per instance where the options decide: lossless follows its rule, early_commit its base rule's budget
+    assert get_sampler("lossless", {"rule": "entropy"}).traits.follows_model_defaults
+    assert get_sampler("lossless").traits == SamplerTraits(fixed_budget=True)
+    assert not get_sampler("early_commit", {"base": "threshold"}).traits.fixed_budget
+    assert get_sampler("early_commit").traits.fixed_budget

@@ -2,6 +2,6 @@
 
 from dlm_decode.cache.base import CachePolicy, StepPlan
 from dlm_decode.cache.registry import CACHES, get_cache, register_cache
-from dlm_decode.cache.store import KVStore
+from dlm_decode.cache.store import KVAccess, KVStore
 
-__all__ = ["CACHES", "CachePolicy", "KVStore", "StepPlan", "get_cache", "register_cache"]
+__all__ = ["CACHES", "CachePolicy", "KVAccess", "KVStore", "StepPlan", "get_cache", "register_cache"]

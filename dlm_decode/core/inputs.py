@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -10,6 +11,7 @@ from typing import Any
 
 import torch
 
+from dlm_decode.core.generation_config import GenerationDefaults, read_generation_defaults
 from dlm_decode.options import is_int
 
 Prompt = str | Sequence[int] | Sequence[dict[str, str]]
@@ -28,6 +30,8 @@ class ModelFacts:
     # the checkpoint directory the model was loaded from (files shipped beside the weights, e.g. a Learn2PD filter);
     # None when unknown (a model built in memory)
     checkpoint_dir: str | None = None
+    # the decoding lengths its ``generation_config.json`` sets (``core.generation_config``)
+    generation: GenerationDefaults = field(default_factory=GenerationDefaults)
     # block-causal attention (LLaDA2): decoded block by block on the absolute position grid, exact K/V of finished
     # blocks (``models.common.DiffusionLMMixin.block_causal``)
     block_causal: bool = False
@@ -35,15 +39,23 @@ class ModelFacts:
     @classmethod
     def of_model(cls, model: Any) -> ModelFacts:
         """The facts of a model (a loaded one, or one built on the meta device from ``config.json`` alone)."""
-        return cls(
-            vocab_size=int(model.get_input_embeddings().weight.shape[0]),
-            mask_id=int(model.mask_token_id),
-            max_length=int(model.max_sequence_length),
-            model_type=str(getattr(model.config, "model_type", type(model).__name__)),
-            sampling_defaults=dict(getattr(model, "sampling_defaults", {}) or {}),
-            checkpoint_dir=_checkpoint_dir(model),
-            block_causal=bool(getattr(model, "block_causal", False)),
+        return cls.in_checkpoint(
+            cls(
+                vocab_size=int(model.get_input_embeddings().weight.shape[0]),
+                mask_id=int(model.mask_token_id),
+                max_length=int(model.max_sequence_length),
+                model_type=str(getattr(model.config, "model_type", type(model).__name__)),
+                sampling_defaults=dict(getattr(model, "sampling_defaults", {}) or {}),
+                block_causal=bool(getattr(model, "block_causal", False)),
+            ),
+            _checkpoint_dir(model),
         )
+
+    def in_checkpoint(self, checkpoint_dir: str | Path | None) -> ModelFacts:
+        """These facts for a model whose files are in ``checkpoint_dir`` (None: unknown), with the decoding
+        defaults of its ``generation_config.json``."""
+        path = None if checkpoint_dir is None else str(checkpoint_dir)
+        return dataclasses.replace(self, checkpoint_dir=path, generation=read_generation_defaults(path))
 
 
 def _checkpoint_dir(model: Any) -> str | None:

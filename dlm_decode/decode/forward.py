@@ -1,12 +1,12 @@
 """The step's forward: which rows and slots the model computes, the model call, and classifier-free guidance.
 
 ``region_logits`` runs the current canvas under the cache's plan; ``draft_logits`` runs it beside a draft-and-verify
-sampler's drafts. For a sampler that reads only its candidates' logits (``Sampler.reads_candidates_only``),
+sampler's drafts. For a sampler that reads only its candidates' logits (``SamplerTraits.reads_candidates_only``),
 ``subset`` narrows the forward without changing what the sampler sees (the same ``[B, R, V]`` logits at every slot
 it reads, zeros elsewhere):
 
 * rows: a row with no candidate in this step sits out the forward (batch compaction): no projection, MLP or LM
-  head for it; with a cache the attention still runs over the store's whole batch (``KVStore.batch_rows``: zero
+  head for it; with a cache the attention still runs over the store's whole batch (``KVAccess.rows``: zero
   queries for the idle rows, rather than copying the busy rows' keys in every layer). Its K/V in the store are not
   rewritten, and nothing reads them before a forward that rewrites them: a row's K/V are read only by its own
   queries, a row without masks in its block keeps none until the block ends, and every cache policy recomputes a
@@ -28,6 +28,7 @@ import torch
 
 from dlm_decode.cache import KVStore, StepPlan
 from dlm_decode.cache.plans import rows_to_index
+from dlm_decode.cache.store import KVAccess
 from dlm_decode.core.state import DecodeState
 from dlm_decode.models.graphs import active_graphs
 from dlm_decode.samplers import Sampler
@@ -54,7 +55,7 @@ def subset(
 ) -> Subset | None:
     """The rows and slots a sampler that reads only its candidates needs (``computed`` [B, R]: the slots the policy
     computed, when it restricts them); None when it needs everything or the counts are unknown."""
-    if not smp.reads_candidates_only or masks is None:
+    if not smp.traits.reads_candidates_only or masks is None:
         return None
     r0, r1 = region
     cand = candidates(state, r0, r1)  # [B, R]
@@ -147,23 +148,15 @@ def run_model(
         read = None if read is None else torch.cat([read, read])
         if store_rows is not None:  # the store's second half holds the unconditional rows
             store_rows = torch.cat([store_rows, store_rows + state.batch])
-    if store is not None:
-        store.frozen = not plan.write
-        store.batch_rows = store_rows
+    kv = None if store is None else KVAccess(store, rows=store_rows, write=plan.write)  # this forward's use of it
     graphs = active_graphs(model)  # ``models.graphs``: a fixed-shape step replayed as a CUDA graph
-    try:
-        if graphs is not None and graphs.takes(canvas, compute, store, ki, read):
-            logits = graphs.run(model.denoise, canvas, pos, compute=compute, region=region, key_mask=km, key_index=ki)
-        else:
-            blocks = {"block_length": state.block_length} if state.inputs.block_causal else {}  # block-causal mask
-            logits = model.denoise(
-                canvas, pos, compute=compute, region=region, store=store, key_mask=km, key_index=ki, read=read, **blocks
-            )
-    finally:
-        if store is not None:
-            store.end_step()
-            store.frozen = False
-            store.batch_rows = None
+    blocks = {"block_length": state.block_length} if state.inputs.block_causal else {}  # block-causal mask
+    if graphs is not None and not blocks and graphs.takes(canvas, compute, kv, ki, read):
+        logits = graphs.run(model.denoise, canvas, pos, compute=compute, region=region, key_mask=km, key_index=ki)
+    else:
+        logits = model.denoise(
+            canvas, pos, compute=compute, region=region, store=kv, key_mask=km, key_index=ki, read=read, **blocks
+        )
     if isinstance(compute, slice):
         c0, c1, _ = compute.indices(canvas.shape[1])
         n_q = c1 - c0

@@ -55,7 +55,10 @@ def generate(
     """Decode a batch. ``prompts``: texts, chats, token-id lists, or a [B, P] tensor of ids (no padding).
 
     Decoding options (``gen_length``, ``block_length``, ``steps``, ``temperature``, ``top_p``, ``top_k``, ``seed``,
-    ``stop_at_eos``, ``cfg_scale``) come as keywords or as a ``DecodeConfig``. ``compile``: True or a
+    ``stop_at_eos``, ``cfg_scale``) come as keywords or as a ``DecodeConfig``. Lengths left unset (or None) are the
+    checkpoint's own where its ``generation_config.json`` sets them (``core.generation_config``: the shipped demo
+    models decode at gen length 32), else gen length 128 and the sampler's block; given ones always win.
+    ``compile``: True or a
     ``torch.compile`` mode compiles the layers' pieces (``models.compiled``), False decodes eagerly, None (default)
     follows ``models.compiled.set_compile`` (eager unless set); the tokens are the eager path's.
     ``cuda_graphs``: replay a block's fixed-shape steps as CUDA graphs on a GPU (``models.graphs``; no cache,
@@ -65,8 +68,16 @@ def generate(
     if not isinstance(cuda_graphs, bool):
         raise ValueError(f"cuda_graphs must be True or False, got {cuda_graphs!r}")
     rows = encode_prompts(prompts, tokenizer, chat)
-    options = dict(sampler_options=sampler_options, cache=cache, cache_options=cache_options, config=config)
-    req = check_request(ModelFacts.of_model(model), rows, sampler=sampler, **options, **config_kwargs)
+    req = check_request(
+        ModelFacts.of_model(model),
+        rows,
+        sampler=sampler,
+        sampler_options=sampler_options,
+        cache=cache,
+        cache_options=cache_options,
+        config=config,
+        **config_kwargs,
+    )
     state, store = prepare(model, rows, req, tokenizer)
     name = f"{req.sampler.name}/{req.cache.name}"
     bar = tqdm(total=len(rows) * req.config.gen_length, desc=name, leave=False) if progress else None

@@ -127,7 +127,9 @@ def step(
     extra = None if sel.stop_rows is None else all_in(state, sel.stop_rows, r0, r1)
     commit = commit_mask(sel.commit, candidates(state, r0, r1), all_in=extra, computed=computed, last=last)
     state.stats.mask_committed |= (commit & (sel.tokens == state.mask_id)).any()
-    if smp.edits and sel.edit is not None:  # token editing: decoded slots of the row's own block, never the prompt
+    if (
+        smp.traits.edits and sel.edit is not None
+    ):  # token editing: decoded slots of the row's own block, never the prompt
         commit = commit | (sel.edit & editable(state, r0, r1))
     committed = torch.zeros_like(state.canvas, dtype=torch.bool)  # [B, T]
     committed[:, r0:r1] = commit

@@ -4,11 +4,13 @@ before any weights are read).
     facts = ModelFacts.of_model(model)               # or models.loading.model_facts(path): config.json only
     req = check_request(facts, rows, sampler="threshold", sampler_options={"threshold": 0.9}, gen_length=64)
 
-``check_request`` resolves the sampler and cache (names and options), builds the ``DecodeConfig`` (gen / block
-length, steps, temperature, top-p / top-k, ...), lays out the blocks (``core.config.resolve_lengths``), runs the
-sampler's and the cache's own checks, checks the prompt rows against what ``config.json`` decides (the vocabulary,
-the MASK id and the maximum sequence length) and fills the options the caller left unset with the sampler's
-reference defaults (``fill_defaults``). Each failure is a ``ValueError`` naming the option and what is allowed.
+``check_request`` resolves the sampler and cache (names and options), builds the ``DecodeConfig`` (gen / block length,
+steps, temperature, top-p / top-k, ...; lengths the caller leaves unset come from the checkpoint's
+``generation_config.json`` when it sets them, ``with_model_lengths``), lays out the blocks
+(``core.config.resolve_lengths``), runs the sampler's and the cache's own checks, checks the prompt rows against what
+``config.json`` decides (the vocabulary, the MASK id and the maximum sequence length) and fills the options the caller
+left unset with the sampler's reference defaults (``fill_defaults``).
+Each failure is a ``ValueError`` naming the option and what is allowed.
 ``generate`` calls it; so do the CLI's ``generate`` and ``parallelbench``, the ParallelBench runner and the lm-eval
 plugin, with facts read from ``config.json`` before loading.
 """
@@ -21,6 +23,7 @@ from typing import Any
 
 from dlm_decode.cache import CachePolicy, get_cache
 from dlm_decode.core.config import DecodeConfig, resolve_lengths
+from dlm_decode.core.generation_config import fill_lengths
 from dlm_decode.core.inputs import ModelFacts, check_prompts
 from dlm_decode.samplers import Sampler, get_sampler
 
@@ -55,11 +58,11 @@ def fill_defaults(
 ) -> tuple[Sampler, DecodeConfig]:
     """``sampler`` and ``config`` with every option the caller left unset (None) filled in: from the model's
     reference defaults when the sampler follows them (``DecodeConfig`` fields go to the config, the rest to the
-    sampler), then from the sampler's ``option_defaults``. A default of None leaves the option unset."""
-    given = {k: v for k, v in model_defaults.items() if v is not None} if sampler.follows_model_defaults else {}
+    sampler), then from the sampler's ``traits.option_defaults``. A default of None leaves the option unset."""
+    given = {k: v for k, v in model_defaults.items() if v is not None} if sampler.traits.follows_model_defaults else {}
     own = {f.name for f in dataclasses.fields(sampler)}
     to_config = {k: v for k, v in given.items() if hasattr(config, k) and getattr(config, k) is None}
-    merged = sampler.option_defaults | given
+    merged = dict(sampler.traits.option_defaults) | given
     to_sampler = {k: v for k, v in merged.items() if k in own and getattr(sampler, k) is None}
     if to_sampler:
         sampler = dataclasses.replace(sampler, **to_sampler)
@@ -69,6 +72,20 @@ def fill_defaults(
 def default_cache(facts: ModelFacts | None) -> str:
     """The cache a request gets when it names none: ``prefix`` on block-causal models (exact there), else ``none``."""
     return "prefix" if facts is not None and facts.block_causal else "none"
+
+
+def with_model_lengths(
+    facts: ModelFacts | None, sampler: Sampler, config: DecodeConfig | None, config_kwargs: dict[str, Any]
+) -> dict[str, Any]:
+    """``config_kwargs`` plus the lengths the caller left unset (None or absent, here and in ``config``) that the
+    checkpoint's ``generation_config.json`` sets (``core.generation_config.fill_lengths``). A gen length of None is
+    dropped: without the checkpoint's, ``DecodeConfig``'s default applies."""
+    kwargs = {k: v for k, v in config_kwargs.items() if not (k == "gen_length" and v is None)}
+    if facts is None:
+        return kwargs
+    given = (dataclasses.asdict(config) if config is not None else {}) | kwargs  # what the caller set
+    lengths = {k: given.get(k) for k in ("gen_length", "block_length", "steps")}
+    return kwargs | fill_lengths(facts.generation, **lengths, blockwise=sampler.traits.blockwise)
 
 
 def check_request(
@@ -84,10 +101,10 @@ def check_request(
 ) -> Request:
     """Check a request against the model's facts (None: only what the arguments decide) and the prompt ``rows``
     (token ids; None: no prompts yet, so only that the generation leaves room for one)."""
-    cfg = decode_config(config, **config_kwargs)
     smp = get_sampler(sampler, sampler_options).with_model(facts)
+    cfg = decode_config(config, **with_model_lengths(facts, smp, config, config_kwargs))
     pol = get_cache(default_cache(facts) if cache is None else cache, cache_options)
-    block, steps = resolve_lengths(cfg.gen_length, cfg.block_length, cfg.steps, blockwise=smp.blockwise)
+    block, steps = resolve_lengths(cfg.gen_length, cfg.block_length, cfg.steps, blockwise=smp.traits.blockwise)
     block_causal = facts is not None and facts.block_causal
     if block_causal:  # blocks on the absolute grid: any gen_length (a cap), any block (``decode.blocks``)
         num_blocks = -(-cfg.gen_length // block)

@@ -263,7 +263,7 @@ class DLMDecodeLM(LM):
         if opts.gen_length is not None:
             return opts.gen_length
         want = int(gen_kwargs.get("max_gen_toks") or 128)
-        block, _ = resolve_lengths(want, opts.block_length, blockwise=self.sampler.blockwise)
+        block, _ = resolve_lengths(want, opts.block_length, blockwise=self.sampler.traits.blockwise)
         return -(-want // block) * block  # rounded up to whole blocks
 
     def generate_until(self, requests: list[Any], disable_tqdm: bool = False) -> list[str]:

@@ -6,8 +6,9 @@ numerics of RoPE (LLaDA rotates in fp32, Dream in the model dtype), which decide
 see ``../shared/docs/MODELS.md``.
 
 ``DiffusionLMMixin`` is the decoding-facing surface every model offers: ``denoise`` computes hidden states for a
-subset of canvas slots (optionally reading and writing an external K/V store), and returns logits aligned so that
-``logits[i]`` always predicts slot ``i`` (Dream's one-position shift is applied here, never in samplers).
+subset of canvas slots (optionally reading and writing an external K/V store, through the forward's ``KVAccess``:
+which of the store's rows, written or not), and returns logits aligned so that ``logits[i]`` always predicts slot
+``i`` (Dream's one-position shift is applied here, never in samplers).
 
 Rows nobody reads are not computed past what the other rows need: every computed slot's K/V feed the attention of
 every layer, so each layer runs all of them, except the last, whose K/V still are written for all but whose
@@ -17,15 +18,13 @@ or the ``read`` subset a sampler asks for).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import torch
 from torch import nn
 
+from dlm_decode.cache.store import KVAccess, KVStore
 from dlm_decode.kernels import masked_attention
-
-if TYPE_CHECKING:
-    from dlm_decode.cache.store import KVStore
 
 Index = slice | torch.Tensor  # a contiguous run of canvas slots shared by all rows, or [B, Q] slot ids
 
@@ -120,23 +119,23 @@ def attend(
     k: torch.Tensor,  # [B, Hk, Q, hd] of the computed slots
     v: torch.Tensor,
     layer: int,
-    store: KVStore | None,
+    kv: KVAccess | None,
     slots: Index | None,
     key_mask: torch.Tensor | None,  # [B, S] bool, True = visible key ([B, W] with key_index)
     key_index: torch.Tensor | slice | None,  # [B, W] slots of the keys to gather, or one run shared by all rows
 ) -> torch.Tensor:  # [B, N, H * hd]
-    """Bidirectional attention with GQA, heads concatenated; K/V of the computed slots go through ``store`` when
-    given (always eager: the store is written in place, and on CUDA the attention is the Triton kernel)."""
-    if store is not None:  # attend over the store's batch (rows a forward leaves out: zero queries, see KVStore)
-        store.write(layer, slots, k, v)
-        k, v = store.keys(layer), store.values(layer)  # [B of the store, Hk, S, hd]
-        q, key_mask = store.spread(q), store.spread(key_mask, True)
-        key_index = store.spread(key_index) if isinstance(key_index, torch.Tensor) else key_index
+    """Bidirectional attention with GQA, heads concatenated; K/V of the computed slots go through the store ``kv``
+    gives access to, when given (always eager: the store is written in place, and on CUDA the attention is the
+    Triton kernel)."""
+    if kv is not None:  # attend over the store's batch (rows a forward leaves out: zero queries, see KVAccess)
+        k, v = kv.update(layer, slots, k, v)  # [B of the store, Hk, S, hd]
+        q, key_mask = kv.spread(q), kv.spread(key_mask, True)
+        key_index = kv.spread(key_index) if isinstance(key_index, torch.Tensor) else key_index
     if isinstance(key_index, slice):  # one contiguous run of slots for every row: a view, no gather, no mask
         k, v, key_index = k[:, :, key_index], v[:, :, key_index], None
     out = masked_attention(q, k, v, key_mask=key_mask, key_index=key_index)  # [B, H, N, hd]
-    if store is not None:
-        out = store.own_rows(out)
+    if kv is not None:
+        out = kv.own_rows(out)
     b, n_heads, n_q, hd = out.shape
     return out.transpose(1, 2).reshape(b, n_q, n_heads * hd)
 
@@ -173,7 +172,7 @@ def layer_forward(
     cos: torch.Tensor,  # [B, 1, Q, hd]
     sin: torch.Tensor,
     layer: int,
-    store: KVStore | None,
+    kv: KVAccess | None,
     slots: Index | None,
     key_mask: torch.Tensor | None,
     key_index: torch.Tensor | slice | None,
@@ -184,7 +183,7 @@ def layer_forward(
     the last, eagerly or compiled (``compiled.CompiledLayers``); the attention and the store always run eagerly.
     With ``rows``, K/V come from every row of ``h`` but only those rows are queried and go through the MLP."""
     q, k, v = pieces.input(block, h, cos, sin, rows)
-    attn = attend(q, k, v, layer, store, slots, key_mask, key_index)
+    attn = attend(q, k, v, layer, kv, slots, key_mask, key_index)
     return pieces.output(block, attn, h, rows)
 
 
@@ -251,7 +250,7 @@ class DiffusionLMMixin:
         input_ids: torch.Tensor,  # [B, Q] tokens at the computed slots
         positions: torch.Tensor,  # [B, Q] rope positions of those slots
         *,
-        store: KVStore | None = None,
+        kv: KVAccess | None = None,
         slots: Index | None = None,
         key_mask: torch.Tensor | None = None,
         key_index: torch.Tensor | None = None,
@@ -275,7 +274,7 @@ class DiffusionLMMixin:
         *,
         compute: Index = slice(None),
         region: tuple[int, int],
-        store: KVStore | None = None,
+        store: KVStore | KVAccess | None = None,  # a bare store: every row, written (``KVAccess(store)``)
         key_mask: torch.Tensor | None = None,  # [B, T] (or [B, W] with key_index)
         key_index: torch.Tensor | slice | None = None,  # [B, W] slots to attend to, or a run shared by all rows
         read: torch.Tensor | None = None,  # [B, N] region offsets whose logits are wanted; None: all of the region
@@ -287,6 +286,7 @@ class DiffusionLMMixin:
         nearest computed slot; cache policies always compute the states behind masked region slots. ``read``
         (offsets ``0 .. R-1``, repeats allowed): only those slots get logits, the others zeros; the hidden states
         behind them alone go through the last layer's attention output and MLP, the final norm and the LM head.
+        ``store``: the K/V store, with the forward's rows of it and whether it is written (a ``KVAccess``).
         ``block_length``: for a block-causal model (``block_causal``), a query sees its own block and the earlier ones
         of the absolute position grid; None on the bidirectional models.
         """
@@ -308,9 +308,10 @@ class DiffusionLMMixin:
             # row-wise lookup of the computed row holding each wanted slot (compute is sorted per row)
             rows = torch.searchsorted(compute.contiguous(), want.contiguous()).clamp(max=compute.shape[1] - 1)
             ids, pos, slots = canvas.gather(1, compute), positions.gather(1, compute), compute
+        kv = KVAccess(store) if isinstance(store, KVStore) else store
         blocks = {} if block_length is None else {"block_length": block_length}  # only block-causal models take it
         hid = self.hidden_states(
-            ids, pos, store=store, slots=slots, key_mask=key_mask, key_index=key_index, rows=rows, **blocks
+            ids, pos, kv=kv, slots=slots, key_mask=key_mask, key_index=key_index, rows=rows, **blocks
         )
         logits = self.output_logits(hid)  # [B, R, V] or [B, N, V]
         if read is None:

@@ -145,9 +145,9 @@ class DreamLayer(nn.Module):
     def feed_forward(self, m: torch.Tensor) -> torch.Tensor:
         return self.mlp(m)
 
-    def forward(self, h, cos, sin, layer, store, slots, key_mask, key_index, rows=None, pieces=EAGER):  # h [B, Q, d]
+    def forward(self, h, cos, sin, layer, kv, slots, key_mask, key_index, rows=None, pieces=EAGER):  # h [B, Q, d]
         """[B, Q, d], or [B, N, d] for the query ``rows`` only (``common.take_rows``; K/V from every row)."""
-        return layer_forward(self, h, cos, sin, layer, store, slots, key_mask, key_index, rows, pieces)
+        return layer_forward(self, h, cos, sin, layer, kv, slots, key_mask, key_index, rows, pieces)
 
 
 class DreamBaseModel(nn.Module):
@@ -191,14 +191,14 @@ class DreamModel(DiffusionLMMixin, PreTrainedModel):
         c = self.config
         return c.num_hidden_layers, c.num_key_value_heads, c.hidden_size // c.num_attention_heads
 
-    def hidden_states(self, input_ids, positions, *, store=None, slots=None, key_mask=None, key_index=None, rows=None):
+    def hidden_states(self, input_ids, positions, *, kv=None, slots=None, key_mask=None, key_index=None, rows=None):
         c = self.config
         cos, sin = rope_cos_sin(positions, c.hidden_size // c.num_attention_heads, c.rope_theta)
         h = self.model.embed_tokens(input_ids)
         last = len(self.model.layers) - 1
         pieces = self.layer_pieces
         for i, layer in enumerate(self.model.layers):
-            h = layer(h, cos, sin, i, store, slots, key_mask, key_index, rows if i == last else None, pieces)
+            h = layer(h, cos, sin, i, kv, slots, key_mask, key_index, rows if i == last else None, pieces)
         return self.model.norm(h)
 
     def output_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -23,10 +23,11 @@ slots a sampler reads (``decode.forward.subset``) is off while graphs are on (``
 region gets logits. Samplers that read only their candidates see the same logits at those slots.
 
 Not graphed (eager as before): calls on another store than the call's (the draft copies of draft-and-verify
-samplers), a frozen store (``write=False`` plans), slot-id (tensor) compute or key sets, ``read`` subsets, and
-anything under autograd. On a CPU there is nothing to capture (a ``RuntimeWarning`` says so): the same fixed-shape
-path runs, with the step's inputs copied into the buffers and the recorded function called again (how the tests
-check the plumbing); ``captured`` and ``replayed`` count the same events.
+samplers), forwards that leave the store unwritten (``write=False`` plans) or run a subset of its rows
+(``KVAccess``), slot-id (tensor) compute or key sets, ``read`` subsets, and anything under autograd. On a CPU
+there is nothing to capture (a ``RuntimeWarning`` says so): the same fixed-shape path runs, with the step's
+inputs copied into the buffers and the recorded function called again (how the tests check the plumbing);
+``captured`` and ``replayed`` count the same events.
 
 If a capture fails (an operator that cannot be recorded), one ``RuntimeWarning`` says why, the step runs eagerly and
 so does the rest of the call (``GenerateOutput.graphs["error"]``).
@@ -45,6 +46,7 @@ from typing import Any
 
 import torch
 
+from dlm_decode.cache.store import KVAccess, KVStore
 from dlm_decode.models.common import Index
 
 
@@ -73,16 +75,16 @@ class StepGraphs:
         self,
         canvas: torch.Tensor,
         compute: Index,
-        store: Any,
+        store: KVAccess | KVStore | None,
         key_index: torch.Tensor | slice | None,
         read: torch.Tensor | None,
     ) -> bool:
-        """Whether this ``denoise`` call has a fixed shape that a graph can serve."""
-        if (
-            self.error is not None
-            or store is not self.store
-            or (store is not None and (store.frozen or store.batch_rows is not None))
-        ):
+        """Whether this ``denoise`` call (``store``: what it does with the K/V store, as ``denoise`` takes it) has a
+        fixed shape that a graph can serve."""
+        kv = KVAccess(store) if isinstance(store, KVStore) else store
+        if self.error is not None or (kv.store if kv is not None else None) is not self.store:
+            return False
+        if kv is not None and (not kv.write or kv.rows is not None):  # a frozen store, or a subset of its rows
             return False
         return (
             isinstance(compute, slice)

@@ -124,9 +124,9 @@ class LLaDABlock(nn.Module):
     def feed_forward(self, m: torch.Tensor) -> torch.Tensor:
         return self.ff_out(nn.functional.silu(self.ff_proj(m)) * self.up_proj(m))
 
-    def forward(self, h, cos, sin, layer, store, slots, key_mask, key_index, rows=None, pieces=EAGER):  # h [B, Q, d]
+    def forward(self, h, cos, sin, layer, kv, slots, key_mask, key_index, rows=None, pieces=EAGER):  # h [B, Q, d]
         """[B, Q, d], or [B, N, d] for the query ``rows`` only (``common.take_rows``; K/V from every row)."""
-        return layer_forward(self, h, cos, sin, layer, store, slots, key_mask, key_index, rows, pieces)
+        return layer_forward(self, h, cos, sin, layer, kv, slots, key_mask, key_index, rows, pieces)
 
 
 class LLaDAModel(nn.Module):
@@ -168,14 +168,14 @@ class LLaDAModelLM(DiffusionLMMixin, PreTrainedModel):
         c = self.config
         return c.n_layers, c.n_kv_heads, c.d_model // c.n_heads
 
-    def hidden_states(self, input_ids, positions, *, store=None, slots=None, key_mask=None, key_index=None, rows=None):
+    def hidden_states(self, input_ids, positions, *, kv=None, slots=None, key_mask=None, key_index=None, rows=None):
         t = self.model.transformer
         cos, sin = rope_cos_sin(positions, self.config.d_model // self.config.n_heads, self.config.rope_theta)
         h = t.wte(input_ids)
         last = len(t.blocks) - 1
         pieces = self.layer_pieces
         for i, block in enumerate(t.blocks):
-            h = block(h, cos, sin, i, store, slots, key_mask, key_index, rows if i == last else None, pieces)
+            h = block(h, cos, sin, i, kv, slots, key_mask, key_index, rows if i == last else None, pieces)
         return t.ln_f(h)
 
     def output_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -239,7 +239,8 @@ class LLaDA2Layer(nn.Module):
 
 class KeyView:
     """Where a forward's keys come from and which a query sees: the computed slots alone (no store) or the store's
-    whole canvas, with the key-padding mask and, given a block length, the block-causal rule."""
+    whole canvas (through the forward's ``KVAccess``), with the key-padding mask and, given a block length, the
+    block-causal rule."""
 
     def __init__(self, store, slots, key_mask, key_index, positions, block_length) -> None:
         if isinstance(key_index, torch.Tensor):
@@ -266,8 +267,7 @@ class KeyView:
         if self.store is None and key_mask is not None and key_mask.shape[1] != n_q:  # [B, T] -> the computed slots
             key_mask = key_mask.gather(1, computed.expand(b, -1))
         if self.store is not None:
-            self.store.write(layer, self.slots, k, v)
-            k, v = self.store.keys(layer), self.store.values(layer)
+            k, v = self.store.update(layer, self.slots, k, v)  # [B of the store, Hk, T, hd]
             key_slots = torch.arange(k.shape[2], device=k.device)[None]
         visible = None if key_mask is None else key_mask[:, None, None, :]
         if self.block_length is not None:
@@ -277,7 +277,7 @@ class KeyView:
         if self.key_run is not None:  # one run of slots shared by every row
             k, v = k[:, :, self.key_run], v[:, :, self.key_run]
             visible = None if visible is None else visible[..., self.key_run]
-        if self.store is not None and self.store.batch_rows is not None:
+        if self.store is not None and self.store.rows is not None:
             q = self.store.spread(q)
             visible = None if visible is None else self.store.spread(visible, True)
         return k, v, visible, q
@@ -348,7 +348,7 @@ class LLaDA2MoeModelLM(DiffusionLMMixin, PreTrainedModel):
         input_ids,
         positions,
         *,
-        store=None,
+        kv=None,
         slots=None,
         key_mask=None,
         key_index=None,
@@ -358,7 +358,7 @@ class LLaDA2MoeModelLM(DiffusionLMMixin, PreTrainedModel):
         c = self.config
         h = self.model.word_embeddings(input_ids)
         cos, sin = rope_tables(positions, int(c.head_dim * c.partial_rotary_factor), c.rope_theta, h.dtype)
-        keys = KeyView(store, slots, key_mask, key_index, positions, block_length)
+        keys = KeyView(kv, slots, key_mask, key_index, positions, block_length)
         last = len(self.model.layers) - 1
         for i, layer in enumerate(self.model.layers):
             h = layer(h, cos, sin, i, keys, rows if i == last else None)

@@ -9,7 +9,6 @@ missing, unexpected or differently shaped tensors, are errors naming the file, n
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -113,12 +112,13 @@ def empty_model(config: Any) -> Any:
 
 
 def model_facts(name_or_path: str | Path) -> ModelFacts:
-    """What ``config.json`` decides about decoding (vocabulary, MASK id, maximum length), read without weights."""
+    """What ``config.json`` decides about decoding (vocabulary, MASK id, maximum length) and the decoding lengths of
+    ``generation_config.json`` (``core.generation_config``), read without weights."""
     path = resolve_model_path(name_or_path)
     model = empty_model(read_config(path))
     if hasattr(model, "adopt_tokenizer_ids"):  # ids config.json leaves out come from the tokenizer (LLaDA2)
         model.adopt_tokenizer_ids(load_tokenizer(path))
-    return dataclasses.replace(ModelFacts.of_model(model), checkpoint_dir=str(path))
+    return ModelFacts.of_model(model).in_checkpoint(path)
 
 
 def load_tokenizer(name_or_path: str | Path) -> Any | None:

@@ -51,7 +51,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-plots", action="store_true", help="do not write PNG plots after a sweep")
     g.add_argument("--plot", default=None, metavar="JSONL", help="only (re)draw the plots of a sweep file")
     g.add_argument("--plot-task", default=None, help="task of the decoding-order heatmap (default: a copy task)")
-    add_decoding_args(p, gen_length=None)
+    add_decoding_args(p, task_lengths=True)
     add_compile_arg(p)
 
 

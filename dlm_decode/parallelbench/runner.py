@@ -8,14 +8,17 @@
 The CLI is ``dlm-decode parallelbench`` (:mod:`dlm_decode.parallelbench.cli`).
 
 Per task: every sample's chat is built by ``build_messages`` and rendered by the model's chat template inside
-``generate(chat=True)``; rows are decoded ``batch_size`` at a time, sorted by prompt length to cut padding (a padded
-row decodes exactly as it would alone, so batching never changes an answer). ``gen_length`` is the task's
-``max_new_tokens`` (32 waiting line, 64 puzzles and text) unless the decoding options set one; a block longer than the
-generation is clipped to it. ``k`` (tokens per step of the fixed-budget samplers) sets ``steps = gen_length // k``
-per task. Scores come from ``score_sample`` (lenient and strict, mean x 100). NFE is the mean over samples of the
-forwards each row took part in; tokens per step is the paper's ``max_tokens / NFE`` on that mean. Text tasks whose
-metric is unavailable are not decoded: they come back with ``skipped`` set and the CLI prints a notice. Every result
-records the torch thread count it was timed with (``threads``): CPU timings depend on it far more than on the rule.
+``generate(chat=True)``; rows are decoded ``batch_size`` at a time, sorted by prompt length to cut padding (a padded row
+decodes exactly as it would alone, so batching never changes an answer). ``gen_length`` is the task's ``max_new_tokens``
+(32 waiting line, 64 puzzles and text) unless the decoding options set one (the task's budget is the benchmark's, so a
+checkpoint's ``generation_config.json`` gen length does not replace it); a block longer than the generation is clipped
+to it. An unset block length is the checkpoint's (``generation_config.json``, clipped to the task's gen length;
+``decode.request.with_model_lengths``), else the sampler's default. ``k`` (tokens per step of the fixed-budget samplers)
+sets ``steps = gen_length // k`` per task. Scores come from ``score_sample`` (lenient and strict, mean x 100). NFE is
+the mean over samples of the forwards each row took part in; tokens per step is the paper's ``max_tokens / NFE`` on that
+mean. Text tasks whose metric is unavailable are not decoded: they come back with ``skipped`` set and the CLI prints a
+notice. Every result records the torch thread count it was timed with (``threads``): CPU timings depend on it far more
+than on the rule.
 
 Oracle bound (Learn2PD's "extremely greedy parallel", ALGORITHMS.md section 5), run by
 ``dlm_decode.decode.oracle.oracle_generate`` with the sampler ``dlm_decode.samplers.oracle.Oracle``: decode one token

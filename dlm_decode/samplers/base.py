@@ -28,14 +28,16 @@ canvas, the cursor or the cache's K/V store: only the returned commit does. ``ch
 refuse a cache it cannot run with, before any work.
 
 What ``select`` reads. A sampler whose ``select`` looks at the logits of its candidates only (the masked slots of the
-current block, ``candidates(state, r0, r1)``) says so with ``reads_candidates_only``; the loop then has the model
+current block, ``candidates(state, r0, r1)``) says so with ``traits.reads_candidates_only``; the loop then has the model
 compute logits at those slots alone and hands zeros elsewhere, in the same ``[B, R, V]`` shape (so random draws over
 the region are unchanged). Everything a sampler decides from the candidates' logits stays the same.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, ClassVar
 
 import torch
@@ -71,24 +73,35 @@ class Drafts:
 
 
 @dataclass(frozen=True)
-class Sampler:
-    """Base class. Subclasses set ``name`` and implement ``select``."""
+class SamplerTraits:
+    """What the loop and ``check_request`` know about a sampler beyond its hyperparameters (a class's
+    ``Sampler.traits``; change one with ``dataclasses.replace``)."""
 
-    name: ClassVar[str] = "base"
-    blockwise: ClassVar[bool] = True  # default block 32 (False: one block over the whole generation)
-    fixed_budget: ClassVar[bool] = False  # uses DecodeConfig.steps (fixed number of forwards per block)
-    commits_every_step: ClassVar[bool] = True  # the reference guarantees >= 1 commit per step
+    blockwise: bool = True  # default block 32 (False: one block over the whole generation)
+    fixed_budget: bool = False  # uses DecodeConfig.steps (fixed number of forwards per block)
     # True: the sampler re-states the model's own generate, so options the caller leaves unset take the defaults
     # that generate takes from the checkpoint (``model.sampling_defaults``); then ``option_defaults`` (both filled
     # in by ``dlm_decode.decode.request.check_request``)
-    follows_model_defaults: ClassVar[bool] = False
-    option_defaults: ClassVar[dict[str, Any]] = {}  # the reference's own value of each unset (None) field
-    greedy_only: ClassVar[bool] = False  # True: refuses temperature > 0 (its promise holds only at temperature 0)
+    follows_model_defaults: bool = False
+    # the reference's own value of each unset (None) field (read-only)
+    option_defaults: Mapping[str, Any] = field(default_factory=dict)
     # True: ``select`` reads the logits of ``candidates(state, r0, r1)`` only (see the module docstring)
-    reads_candidates_only: ClassVar[bool] = False
+    reads_candidates_only: bool = False
     # True: the sampler may rewrite decoded slots of its block (``Selection.edit``) and keeps a block open past its
-    # last MASK while ``block_open`` says so (LLaDA2.1's token editing)
-    edits: ClassVar[bool] = False
+    # last MASK while ``Sampler.block_open`` says so (LLaDA2.1's token editing)
+    edits: bool = False
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "option_defaults", MappingProxyType(dict(self.option_defaults)))
+
+
+@dataclass(frozen=True)
+class Sampler:
+    """Base class. Subclasses set ``name`` (and ``traits`` where they differ from the defaults) and implement
+    ``select``."""
+
+    name: ClassVar[str] = "base"
+    traits: ClassVar[SamplerTraits] = SamplerTraits()
 
     def with_model(self, facts: ModelFacts | None) -> Sampler:
         """The sampler with options that name the model's own files resolved (``learned_filter``'s
@@ -97,8 +110,9 @@ class Sampler:
 
     def check(self, config: DecodeConfig, num_blocks: int) -> None:
         """Validate the sampler against the decoding config (before any work)."""
-        if self.fixed_budget:
-            _, steps = resolve_lengths(config.gen_length, config.block_length, config.steps, blockwise=self.blockwise)
+        traits = self.traits
+        if traits.fixed_budget:
+            _, steps = resolve_lengths(config.gen_length, config.block_length, config.steps, blockwise=traits.blockwise)
             if steps % num_blocks:
                 raise ValueError(
                     f"{self.name}: steps ({steps}) must be a multiple of the number of blocks ({num_blocks} = "
@@ -112,7 +126,7 @@ class Sampler:
 
     def max_block_steps(self, state: DecodeState) -> int:
         """Upper bound on forwards in one block; the loop force-finishes a block that reaches it."""
-        if self.fixed_budget:
+        if self.traits.fixed_budget:
             return self.steps_per_block(state)
         return int((state.block_end - state.block_start).max())
 

@@ -30,7 +30,7 @@ import torch
 
 from dlm_decode.core.proposals import categorical_proposals
 from dlm_decode.core.state import DecodeState
-from dlm_decode.samplers.base import Sampler, Selection, candidates, top_k_per_row
+from dlm_decode.samplers.base import Sampler, SamplerTraits, Selection, candidates, top_k_per_row
 from dlm_decode.samplers.schedule import dream_count
 
 
@@ -39,12 +39,13 @@ class DreamOrdering(Sampler):
     alg_temp: float | None = None  # None: the checkpoint's (config.json), else off; 0: off
     eps: float | None = None  # None: the checkpoint's (config.json), else Dream's 1e-3
 
-    blockwise: ClassVar[bool] = False
-    fixed_budget: ClassVar[bool] = True
-    commits_every_step: ClassVar[bool] = False
-    follows_model_defaults: ClassVar[bool] = True
-    reads_candidates_only: ClassVar[bool] = True
-    option_defaults: ClassVar[dict[str, float]] = {"eps": 1e-3}  # DreamGenerationConfig's
+    traits: ClassVar[SamplerTraits] = SamplerTraits(
+        blockwise=False,
+        fixed_budget=True,
+        follows_model_defaults=True,
+        option_defaults={"eps": 1e-3},  # DreamGenerationConfig's
+        reads_candidates_only=True,
+    )
 
     def __post_init__(self) -> None:
         if self.alg_temp is not None and (not math.isfinite(self.alg_temp) or self.alg_temp < 0):
@@ -55,7 +56,7 @@ class DreamOrdering(Sampler):
     @property
     def schedule_eps(self) -> float:
         """``eps`` as set, else Dream's default (``generate`` fills it in; this covers a sampler used directly)."""
-        return self.eps if self.eps is not None else self.option_defaults["eps"]
+        return self.eps if self.eps is not None else self.traits.option_defaults["eps"]
 
     def score(self, probs: torch.Tensor, x0: torch.Tensor) -> torch.Tensor:  # [B, R]
         raise NotImplementedError

@@ -34,7 +34,7 @@ import torch
 
 from dlm_decode.core.config import DecodeConfig
 from dlm_decode.core.state import DecodeState
-from dlm_decode.samplers.base import Sampler, Selection, candidates
+from dlm_decode.samplers.base import Sampler, SamplerTraits, Selection, candidates
 from dlm_decode.samplers.low_confidence import LowConfidence
 from dlm_decode.samplers.threshold import Threshold
 
@@ -85,8 +85,8 @@ class EarlyCommit(Sampler):
         return LowConfidence() if self.base == "low_confidence" else Threshold(self.threshold)
 
     @property
-    def fixed_budget(self) -> bool:  # type: ignore[override]
-        return self._base().fixed_budget
+    def traits(self) -> SamplerTraits:  # type: ignore[override]
+        return SamplerTraits(fixed_budget=self._base().traits.fixed_budget)
 
     def watched(self) -> tuple[int, int] | None:
         """Generation offsets [a0, a1) of the answer region, or None for the current-block fallback."""
@@ -96,7 +96,7 @@ class EarlyCommit(Sampler):
         return None if start is None else (start, start + self.answer_length)
 
     def check(self, config: DecodeConfig, num_blocks: int) -> None:
-        # the base rule's budget checks (``fixed_budget`` is the base's), under this sampler's name in the messages
+        # the base rule's budget checks (its ``traits.fixed_budget``), under this sampler's name in the messages
         super().check(config, num_blocks)
         n = config.gen_length
         spans = [("answer region", self.watched())]

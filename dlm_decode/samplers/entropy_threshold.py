@@ -21,7 +21,7 @@ from typing import ClassVar
 import torch
 
 from dlm_decode.core.state import DecodeState
-from dlm_decode.samplers.base import Sampler, Selection, candidates
+from dlm_decode.samplers.base import Sampler, SamplerTraits, Selection, candidates
 from dlm_decode.samplers.threshold import top1
 
 
@@ -36,7 +36,7 @@ class EntropyThreshold(Sampler):
     eta: float = 0.5
 
     name: ClassVar[str] = "entropy_threshold"
-    reads_candidates_only: ClassVar[bool] = True
+    traits: ClassVar[SamplerTraits] = SamplerTraits(reads_candidates_only=True)
 
     def __post_init__(self) -> None:
         if not (isinstance(self.eta, int | float) and math.isfinite(self.eta) and self.eta > 0):

@@ -20,7 +20,7 @@ from typing import ClassVar
 import torch
 
 from dlm_decode.core.state import DecodeState
-from dlm_decode.samplers.base import Sampler, Selection, candidates, top_k_per_row
+from dlm_decode.samplers.base import Sampler, SamplerTraits, Selection, candidates, top_k_per_row
 
 
 def factor_counts(conf: torch.Tensor, cand: torch.Tensor, factor: float) -> torch.Tensor:
@@ -41,7 +41,7 @@ class Factor(Sampler):
     factor: float = 1.0
 
     name: ClassVar[str] = "factor"
-    reads_candidates_only: ClassVar[bool] = True
+    traits: ClassVar[SamplerTraits] = SamplerTraits(reads_candidates_only=True)
 
     def __post_init__(self) -> None:
         if not (isinstance(self.factor, int | float) and math.isfinite(self.factor) and self.factor > 0):

@@ -45,7 +45,7 @@ from dlm_decode.core.config import DecodeConfig
 from dlm_decode.core.files import check_shapes, read_json_object, safetensors_shapes
 from dlm_decode.core.inputs import ModelFacts
 from dlm_decode.core.state import DecodeState
-from dlm_decode.samplers.base import Selection, candidates, top_k_per_row
+from dlm_decode.samplers.base import SamplerTraits, Selection, candidates, top_k_per_row
 from dlm_decode.samplers.low_confidence import LowConfidence
 
 FORMAT = "learn2pd-filter"
@@ -136,7 +136,8 @@ class LearnedFilter(LowConfidence):
     eotp: bool = False
 
     name: ClassVar[str] = "learned_filter"
-    reads_candidates_only: ClassVar[bool] = False  # the filter reads every block slot's confidence
+    # the filter reads every block slot's confidence
+    traits: ClassVar[SamplerTraits] = SamplerTraits(fixed_budget=True, reads_candidates_only=False)
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.accept) and 0.0 <= self.accept < 1.0):

@@ -24,7 +24,7 @@ import torch
 
 from dlm_decode.core.state import DecodeState
 from dlm_decode.options import is_real
-from dlm_decode.samplers.base import Sampler, Selection, candidates, top_k_per_row
+from dlm_decode.samplers.base import Sampler, SamplerTraits, Selection, candidates, top_k_per_row
 
 
 def check_unit(owner: str, key: str, value: object) -> None:
@@ -60,7 +60,7 @@ class LLaDA2(Sampler):
     threshold: float = 0.95
 
     name: ClassVar[str] = "llada2"
-    reads_candidates_only: ClassVar[bool] = True
+    traits: ClassVar[SamplerTraits] = SamplerTraits(reads_candidates_only=True)
 
     def __post_init__(self) -> None:
         check_unit(self.name, "threshold", self.threshold)

@@ -19,7 +19,7 @@ import torch
 from dlm_decode.core.masks import dilate
 from dlm_decode.core.state import DecodeState
 from dlm_decode.options import check_probability, is_int
-from dlm_decode.samplers.base import Sampler, Selection, candidates
+from dlm_decode.samplers.base import Sampler, SamplerTraits, Selection, candidates
 from dlm_decode.samplers.threshold import top1
 
 
@@ -30,7 +30,7 @@ class LocalLeap(Sampler):
     radius: int = 4
 
     name: ClassVar[str] = "local_leap"
-    reads_candidates_only: ClassVar[bool] = True
+    traits: ClassVar[SamplerTraits] = SamplerTraits(reads_candidates_only=True)
 
     def __post_init__(self) -> None:
         check_probability(self.name, "kappa", self.kappa)

@@ -40,6 +40,7 @@ drafts run against the K/V cached at the block's first step, as every static ste
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -50,7 +51,7 @@ from dlm_decode.core.config import DecodeConfig
 from dlm_decode.core.masks import eos_settled
 from dlm_decode.core.proposals import categorical_proposals, gumbel_proposals
 from dlm_decode.core.state import DecodeState
-from dlm_decode.samplers.base import Drafts, Sampler, Selection, candidates, top_k_per_row
+from dlm_decode.samplers.base import Drafts, Sampler, SamplerTraits, Selection, candidates, top_k_per_row
 from dlm_decode.samplers.dream_base import DreamOrdering
 from dlm_decode.samplers.dream_entropy import DreamEntropy
 from dlm_decode.samplers.dream_maskgit_plus import DreamMaskGitPlus
@@ -96,10 +97,6 @@ class Lossless(Sampler):
     alg_temp: float | None = None  # Dream rules: must stay unset or 0 (a random ordering cannot be verified)
 
     name: ClassVar[str] = "lossless"
-    fixed_budget: ClassVar[bool] = True
-    greedy_only: ClassVar[bool] = True
-    # rows accept different numbers of steps per forward, so a row that finished its block waits for the others
-    commits_every_step: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
         if isinstance(self.drafts, bool) or not isinstance(self.drafts, int) or self.drafts < 1:
@@ -114,18 +111,13 @@ class Lossless(Sampler):
                 "output to reproduce; set alg_temp=0, also when the checkpoint's config.json sets it)"
             )
 
-    # the rule decides the block layout and the defaults
+    # the rule decides the block layout and the defaults; rows accept different numbers of steps per forward, so a
+    # row that finished its block waits for the others (no commit in some steps), and temperature must be 0 (``check``)
     @property
-    def blockwise(self) -> bool:  # type: ignore[override]
-        return self.rule == "low_confidence"
-
-    @property
-    def follows_model_defaults(self) -> bool:  # type: ignore[override]
-        return self.rule in DREAM_RULES
-
-    @property
-    def option_defaults(self) -> dict[str, Any]:  # type: ignore[override]
-        return DreamOrdering.option_defaults if self.rule in DREAM_RULES else {}
+    def traits(self) -> SamplerTraits:  # type: ignore[override]
+        if self.rule in DREAM_RULES:
+            return dataclasses.replace(DreamOrdering.traits, reads_candidates_only=False)
+        return SamplerTraits(fixed_budget=True)
 
     def check(self, config: DecodeConfig, num_blocks: int) -> None:
         super().check(config, num_blocks)  # the rule's step budget checks
@@ -149,7 +141,7 @@ class Lossless(Sampler):
     # ---------------------------------------------------------------------------------------------- the static rule
 
     def _schedule_eps(self) -> float:
-        return self.eps if self.eps is not None else DreamOrdering.option_defaults["eps"]
+        return self.eps if self.eps is not None else DreamOrdering.traits.option_defaults["eps"]
 
     def _counts(self, state: DecodeState, masked: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
         """masked, step [B, J] (masks left, static step index) -> [B, J] tokens the rule commits at that step."""

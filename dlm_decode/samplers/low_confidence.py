@@ -17,15 +17,14 @@ from typing import ClassVar
 import torch
 
 from dlm_decode.core.state import DecodeState
-from dlm_decode.samplers.base import Sampler, Selection, candidates, top_k_per_row
+from dlm_decode.samplers.base import Sampler, SamplerTraits, Selection, candidates, top_k_per_row
 from dlm_decode.samplers.schedule import llada_schedule
 
 
 @dataclass(frozen=True)
 class LowConfidence(Sampler):
     name: ClassVar[str] = "low_confidence"
-    fixed_budget: ClassVar[bool] = True
-    reads_candidates_only: ClassVar[bool] = True
+    traits: ClassVar[SamplerTraits] = SamplerTraits(fixed_budget=True, reads_candidates_only=True)
 
     def begin_block(self, state: DecodeState) -> None:
         sched = llada_schedule(state.block_masked().sum(1), self.steps_per_block(state))  # [B, S]

@@ -52,7 +52,6 @@ class Oracle(Sampler):
     record: bool = False  # keep (confidence, label) block vectors per step in the call's scratch
 
     name: ClassVar[str] = "oracle"
-    commits_every_step: ClassVar[bool] = False
 
     def check(self, config, num_blocks: int) -> None:
         check_reference(self.name, self.reference, config.gen_length)

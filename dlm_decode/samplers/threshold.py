@@ -23,7 +23,7 @@ import torch
 
 from dlm_decode.core.state import DecodeState
 from dlm_decode.options import check_probability
-from dlm_decode.samplers.base import Sampler, Selection, candidates, top_k_per_row
+from dlm_decode.samplers.base import Sampler, SamplerTraits, Selection, candidates, top_k_per_row
 
 
 def top1(score: torch.Tensor, cand: torch.Tensor) -> torch.Tensor:
@@ -36,7 +36,7 @@ class Threshold(Sampler):
     threshold: float = 0.9
 
     name: ClassVar[str] = "threshold"
-    reads_candidates_only: ClassVar[bool] = True
+    traits: ClassVar[SamplerTraits] = SamplerTraits(reads_candidates_only=True)
 
     def __post_init__(self) -> None:
         check_probability(self.name, "threshold", self.threshold)

@@ -25,7 +25,7 @@ import torch
 
 from dlm_decode.core.state import DecodeState
 from dlm_decode.options import check_count
-from dlm_decode.samplers.base import Sampler, Selection, candidates, editable
+from dlm_decode.samplers.base import Sampler, SamplerTraits, Selection, candidates, editable
 from dlm_decode.samplers.llada2 import check_unit, threshold_or_top
 
 
@@ -37,8 +37,7 @@ class TokenEditing(Sampler):
     num_to_transfer: int = 1
 
     name: ClassVar[str] = "token_editing"
-    edits: ClassVar[bool] = True
-    commits_every_step: ClassVar[bool] = False  # a post step that edits nothing ends the block
+    traits: ClassVar[SamplerTraits] = SamplerTraits(edits=True)
 
     def __post_init__(self) -> None:
         check_unit(self.name, "threshold", self.threshold)

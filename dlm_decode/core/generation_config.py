@@ -1,0 +1,75 @@
+"""A checkpoint's decoding defaults: the lengths it decodes well at, read from its ``generation_config.json``.
+
+    {"gen_length": 32, "block_length": 32}            # e.g. a model trained on 32-token answers
+
+The keys (all optional, positive integers): ``gen_length`` (generation slots after the prompt), ``block_length`` and
+``steps`` (the total step budget of fixed-budget samplers). Any other key of the file (transformers' ``bos_token_id``,
+...) is left alone. ``read_generation_defaults`` is the one reader; ``fill_lengths`` the one rule for using them
+(``decode.request.check_request`` applies it, so ``generate``, the CLI and the ParallelBench runner get the same; the
+lm-eval plugin sets every length itself): a length the caller gives always wins; an unset gen length takes the
+checkpoint's, and with it its steps; an unset block length takes the checkpoint's, clipped to the gen length (for
+blockwise samplers: the Dream orderings decode in one block, as their reference).
+A checkpoint without the file (or without a key) keeps the usual defaults (``DecodeConfig``, ``resolve_lengths``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from dlm_decode.core.config import DecodeConfig
+from dlm_decode.core.files import read_json_object
+from dlm_decode.options import is_int
+
+GENERATION_CONFIG = "generation_config.json"
+KEYS = ("gen_length", "block_length", "steps")
+
+
+@dataclass(frozen=True)
+class GenerationDefaults:
+    """A checkpoint's decoding lengths (None: the file does not set it)."""
+
+    gen_length: int | None = None
+    block_length: int | None = None
+    steps: int | None = None
+
+
+def read_generation_defaults(checkpoint_dir: str | Path | None) -> GenerationDefaults:
+    """The lengths ``checkpoint_dir/generation_config.json`` sets (none without the directory or the file); a bad
+    value is a ``ValueError`` naming the file and the key."""
+    if checkpoint_dir is None:
+        return GenerationDefaults()
+    path = Path(checkpoint_dir) / GENERATION_CONFIG
+    if not path.is_file():
+        return GenerationDefaults()
+    data = read_json_object(path, "generation config")
+    values = {k: data.get(k) for k in KEYS}
+    for k, v in values.items():
+        if v is not None and (not is_int(v) or v < 1):
+            raise ValueError(f"{path}: {k} must be a positive integer, got {v!r}")
+    gen, block = values["gen_length"], values["block_length"]
+    if gen is not None and block is not None and (block > gen or gen % block):
+        raise ValueError(f"{path}: gen_length ({gen}) must be a multiple of block_length ({block})")
+    return GenerationDefaults(**values)
+
+
+def fill_lengths(
+    defaults: GenerationDefaults,
+    gen_length: int | None,
+    block_length: int | None,
+    steps: int | None,
+    *,
+    blockwise: bool = True,
+) -> dict[str, int]:
+    """The lengths to decode with that the checkpoint supplies: those the caller left unset (None) and the
+    checkpoint sets. Its steps come only with its gen length (a step budget is meant for that length); its block
+    length only for a ``blockwise`` sampler (the Dream orderings keep their one block, as their reference)."""
+    out: dict[str, int] = {}
+    if gen_length is None and defaults.gen_length is not None:
+        out["gen_length"] = gen_length = defaults.gen_length
+        if steps is None and defaults.steps is not None:
+            out["steps"] = defaults.steps
+    if blockwise and block_length is None and defaults.block_length is not None:
+        gen = gen_length if gen_length is not None else DecodeConfig.gen_length  # the config's own default
+        out["block_length"] = min(defaults.block_length, gen)
+    return out

@@ -1,0 +1,103 @@
+"""A checkpoint's decoding defaults (``generation_config.json``, ``core.generation_config``): read in one place,
+validated with errors naming the file and the key, used by ``generate``, the CLI and the ParallelBench runner when
+the caller gives no length; explicit lengths always win."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+import dlm_decode
+from dlm_decode.cli import main
+from dlm_decode.core.generation_config import GenerationDefaults, fill_lengths, read_generation_defaults
+from dlm_decode.decode.request import check_request
+from dlm_decode.models.loading import demo_model_path, model_facts
+
+
+@pytest.fixture
+def with_config(llada_dir, tmp_path):
+    """A copy of the tiny LLaDA checkpoint whose generation_config.json sets gen length 12, block 4."""
+    path = tmp_path / "ckpt"
+    shutil.copytree(llada_dir, path)
+    (path / "generation_config.json").write_text(json.dumps({"gen_length": 12, "block_length": 4, "bos_token_id": 1}))
+    return path
+
+
+def test_reader_without_a_file_or_keys_sets_nothing(llada_dir, tmp_path):
+    assert read_generation_defaults(llada_dir) == GenerationDefaults()
+    assert read_generation_defaults(None) == GenerationDefaults()
+    (tmp_path / "generation_config.json").write_text('{"bos_token_id": 1, "max_new_tokens": 20}')
+    assert read_generation_defaults(tmp_path) == GenerationDefaults()  # transformers' own keys are left alone
+
+
+@pytest.mark.parametrize(
+    "text, match",
+    [
+        ("{not json", r"generation_config.json is not valid JSON \(line 1"),
+        ("[32]", r"generation_config.json: the generation config must be a JSON object"),
+        ('{"gen_length": 0}', r"generation_config.json: gen_length must be a positive integer, got 0"),
+        ('{"block_length": "32"}', r"generation_config.json: block_length must be a positive integer, got '32'"),
+        ('{"steps": true}', r"generation_config.json: steps must be a positive integer, got True"),
+        ('{"gen_length": 32, "block_length": 12}', r"gen_length \(32\) must be a multiple of block_length \(12\)"),
+    ],
+)
+def test_a_malformed_file_is_a_clear_error_before_loading(llada_dir, tmp_path, capsys, text, match):
+    path = tmp_path / "ckpt"
+    shutil.copytree(llada_dir, path)
+    (path / "generation_config.json").write_text(text)
+    with pytest.raises(ValueError, match=match) as e:
+        model_facts(path)
+    assert str(path / "generation_config.json") in str(e.value)
+    assert main(["generate", str(path), "--input-ids", "5,6"]) == 2  # the CLI: exit 2, one line naming the file
+    assert str(path / "generation_config.json") in capsys.readouterr().err
+
+
+def test_fill_rule():
+    d = GenerationDefaults(gen_length=32, block_length=16, steps=8)
+    assert fill_lengths(d, None, None, None) == {"gen_length": 32, "block_length": 16, "steps": 8}
+    assert fill_lengths(d, 64, None, None) == {"block_length": 16}  # its steps only with its gen length
+    assert fill_lengths(d, 8, None, None) == {"block_length": 8}  # the block clipped to the caller's gen length
+    assert fill_lengths(d, 64, 32, 64) == {}  # given lengths win
+    assert fill_lengths(d, None, None, None, blockwise=False) == {"gen_length": 32, "steps": 8}
+
+
+def test_generate_uses_the_checkpoint_lengths_unless_given(with_config, llada_dir):
+    model, _ = dlm_decode.load_model(with_config)
+    out = dlm_decode.generate(model, [[5, 6, 7]], sampler="low_confidence")
+    assert len(out.rows[0].generated_ids) == 12 and out.nfe == 12  # gen 12, steps = gen
+    assert out.to_json()["config"]["block_length"] == 4
+    out = dlm_decode.generate(model, [[5, 6, 7]], gen_length=8, steps=4)  # explicit lengths win
+    assert len(out.rows[0].generated_ids) == 8 and out.nfe == 4 and out.to_json()["config"]["block_length"] == 4
+    cfg = dlm_decode.DecodeConfig(gen_length=16, block_length=16)  # a DecodeConfig is explicit too
+    assert check_request(model_facts(with_config), config=cfg).block_length == 16
+    plain = check_request(model_facts(llada_dir), [[5, 6, 7]])  # no file: the usual defaults
+    assert (plain.config.gen_length, plain.block_length) == (128, 32)
+    dream_order = check_request(model_facts(with_config), sampler="origin")  # one block, as Dream's reference
+    assert (dream_order.config.gen_length, dream_order.block_length) == (12, 12)
+
+
+def test_cli_uses_the_checkpoint_lengths_unless_given(with_config, capsys):
+    assert main(["generate", str(with_config), "--input-ids", "5,6", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert (out["config"]["gen_length"], out["config"]["block_length"]) == (12, 4)
+    assert main(["generate", str(with_config), "--input-ids", "5,6", "--gen-length", "8", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert (out["config"]["gen_length"], out["config"]["block_length"]) == (8, 4)
+
+
+def test_runner_keeps_the_task_gen_length_and_takes_the_checkpoint_block(with_config):
+    from dlm_decode.parallelbench.runner import task_kwargs
+
+    kw = task_kwargs({"sampler": "low_confidence"}, "puzzle/latin_square_n4")
+    req = check_request(model_facts(with_config), **kw)
+    assert (req.config.gen_length, req.block_length) == (64, 4)
+    kw = task_kwargs({"sampler": "low_confidence", "block_length": 8}, "waiting_line/copy")
+    assert check_request(model_facts(with_config), **kw).block_length == 8
+
+
+@pytest.mark.parametrize("name", ["demo-llada", "demo-dream"])
+def test_demo_models_carry_their_trained_lengths(name):
+    """Both decode at the length their answers were padded to in training (32 for the waiting line)."""
+    assert read_generation_defaults(demo_model_path(name)) == GenerationDefaults(gen_length=32, block_length=32)
