@@ -16,6 +16,8 @@ import dlm_decode
 from dlm_decode.cli import main
 from dlm_decode.models.loading import load_model
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 MID = [1, 2, 3]  # ends mid-block
 ON16 = list(range(3, 19))  # ends on a 16 boundary
 ON32 = [(7 * i) % 60 + 2 for i in range(32)]  # ends on a 32 boundary

@@ -16,6 +16,8 @@ from dlm_decode.cache import KVStore
 from dlm_decode.models.llada2 import REFERENCE_EOS_ID, REFERENCE_MASK_ID, LLaDA2MoeModelLM
 from dlm_decode.models.loading import load_model, model_facts, read_config
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 
 def _ref(path):
     return json.loads((path / "config.json").read_text()), load_file(str(path / "model.safetensors"))
