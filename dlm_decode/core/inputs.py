@@ -32,6 +32,9 @@ class ModelFacts:
     checkpoint_dir: str | None = None
     # the decoding lengths its ``generation_config.json`` sets (``core.generation_config``)
     generation: GenerationDefaults = field(default_factory=GenerationDefaults)
+    # block-causal attention (LLaDA2): decoded block by block on the absolute position grid, exact K/V of finished
+    # blocks (``models.common.DiffusionLMMixin.block_causal``)
+    block_causal: bool = False
 
     @classmethod
     def of_model(cls, model: Any) -> ModelFacts:
@@ -43,6 +46,7 @@ class ModelFacts:
                 max_length=int(model.max_sequence_length),
                 model_type=str(getattr(model.config, "model_type", type(model).__name__)),
                 sampling_defaults=dict(getattr(model, "sampling_defaults", {}) or {}),
+                block_causal=bool(getattr(model, "block_causal", False)),
             ),
             _checkpoint_dir(model),
         )
