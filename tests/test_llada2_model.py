@@ -77,8 +77,14 @@ def test_denoise_with_store_equals_full_forward(tmp_path):
 def test_config_errors_name_file_and_key_before_weights(tmp_path):
     path = write_llada2(tmp_path / "m", n_group=3)
     (path / "model.safetensors").write_bytes(b"not read")
-    with pytest.raises(ValueError, match=r"config\.json.*n_group=3"):
+    with pytest.raises(ValueError, match=r"config\.json: num_experts \(8\) must be a multiple of n_group \(3\)"):
         model_facts(path)
+    bad = write_llada2(tmp_path / "b")
+    cfg = json.loads((bad / "config.json").read_text())
+    del cfg["hidden_size"]
+    (bad / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match=r"config\.json: .*hidden_size.*2048"):  # names the key and the official value
+        model_facts(bad)
 
 
 def test_missing_expert_bias_is_an_error_naming_the_file(tmp_path):
