@@ -142,3 +142,27 @@ def test_unsupported_option_still_refused_when_built_without_config_json():
     cfg = LLaDAConfig(**{k: v for k, v in llada_config(alibi=True).items() if k not in ("architectures", "auto_map")})
     with pytest.raises(ValueError, match=r"alibi=True \(supported: False\)"):
         cfg.check_supported()
+
+
+LLADA2_MINI = {  # ../shared/docs/MODELS.md, LLaDA2.0-mini
+    "model_type": "llada2_moe", "vocab_size": 157184, "hidden_size": 2048, "num_hidden_layers": 20,
+    "num_attention_heads": 16, "num_key_value_heads": 4, "head_dim": 128, "intermediate_size": 5120,
+    "moe_intermediate_size": 512, "first_k_dense_replace": 1, "num_experts": 256, "num_experts_per_tok": 8,
+    "num_shared_experts": 1, "n_group": 8, "topk_group": 4, "routed_scaling_factor": 2.5, "score_function": "sigmoid",
+    "use_qk_norm": True, "use_qkv_bias": False, "use_bias": False, "partial_rotary_factor": 0.5, "rope_theta": 600000,
+    "rms_norm_eps": 1e-6, "tie_word_embeddings": False, "pad_token_id": 156892,
+}  # fmt: skip
+
+
+def test_llada2_schema(tmp_path):
+    read_config(checkpoint(tmp_path / "ok", LLADA2_MINI))
+    bad = [
+        (without(LLADA2_MINI, "hidden_size"), "'hidden_size' is missing (the official LLaDA2 checkpoints use 2048)"),
+        (LLADA2_MINI | {"num_experts_per_tok": "8"}, "key 'num_experts_per_tok' must be an integer"),
+        (LLADA2_MINI | {"topk_group": 9}, "topk_group (9) must be <= n_group (8)"),
+        (LLADA2_MINI | {"partial_rotary_factor": 1.5}, "key 'partial_rotary_factor' must be <= 1"),
+    ]  # fmt: skip
+    for i, (config, words) in enumerate(bad):
+        with pytest.raises(ValueError) as e:
+            dlm_decode.load_model(checkpoint(tmp_path / str(i), config))
+        assert str(e.value).startswith(f"{tmp_path / str(i) / 'config.json'}: ") and words in str(e.value)

@@ -46,51 +46,59 @@ from dlm_decode.models.schema import (
     token_id,
 )
 
-# What the model reads from config.json (``models.schema``), checked before any weight; official values: LLaDA2.0-mini
+#: the config.json keys this implementation reads (checked before any weight, ``models/schema.py``; official values:
+#: LLaDA2.0-mini). The MASK and EOS ids are generate() arguments in the reference, not required config keys.
 LLADA2_SCHEMA = ConfigSchema(
     "LLaDA2",
     {
-        "vocab_size": positive_int(required=True, official=157184),
         "hidden_size": positive_int(required=True, official=2048),
-        "intermediate_size": positive_int(nullable=True),
         "num_hidden_layers": positive_int(required=True, official=20),
         "num_attention_heads": positive_int(required=True, official=16),
-        "num_key_value_heads": positive_int(required=True, official=4),
+        "vocab_size": positive_int(required=True, official=157184),
+        "num_key_value_heads": Key("int", low=0),
         "head_dim": positive_int(nullable=True),
-        "hidden_act": Key("str", choices=("silu",)),
-        "use_qkv_bias": flag(),
-        "use_qk_norm": flag(),
-        "use_bias": flag(),
-        "rms_norm_eps": positive_number(),
-        "norm_head": flag(choices=(False,)),
-        "tie_word_embeddings": flag(),
-        "max_position_embeddings": positive_int(),
-        "rope_theta": positive_number(),
+        "intermediate_size": positive_int(nullable=True),
+        "moe_intermediate_size": positive_int(nullable=True),
         "num_experts": positive_int(nullable=True),
         "num_shared_experts": Key("int", low=0, nullable=True),
         "num_experts_per_tok": positive_int(),
         "n_group": positive_int(),
         "topk_group": positive_int(),
         "routed_scaling_factor": positive_number(),
-        "moe_intermediate_size": positive_int(nullable=True),
         "first_k_dense_replace": Key("int", low=0),
         "partial_rotary_factor": Key("number", low=0, above=True, high=1),
+        "hidden_act": Key("str", choices=("silu",)),
         "score_function": Key("str", choices=("sigmoid",)),
-        "norm_topk_prob": flag(),
+        "use_qkv_bias": flag(),
+        "use_qk_norm": flag(),
+        "use_bias": flag(),
+        "norm_head": flag(),
+        "tie_word_embeddings": flag(),
+        "rms_norm_eps": positive_number(),
+        "rope_theta": positive_number(),
+        "rope_scaling": Key("object", nullable=True),
+        "max_position_embeddings": positive_int(),
         "mask_token_id": token_id(nullable=True),
-        "eos_token_id": Key("ids", low=0, nullable=True),
         "pad_token_id": token_id(nullable=True),
+        "eos_token_id": Key("ids", low=0, nullable=True),
     },
     rules=(
-        divides("num_attention_heads", "num_key_value_heads"),
         divides("num_experts", "n_group"),
+        Rule(
+            ("num_attention_heads", "num_key_value_heads"),
+            lambda h, k: k == 0 or h % k == 0,
+            "num_attention_heads ({num_attention_heads}) must be a multiple of num_key_value_heads "
+            "({num_key_value_heads})",
+        ),
+        Rule(
+            ("topk_group", "n_group"),
+            lambda t, n: t <= n,
+            "topk_group ({topk_group}) must be <= n_group ({n_group})",
+        ),
         Rule(
             ("num_experts_per_tok", "num_experts"),
             lambda k, e: k <= e,
             "num_experts_per_tok ({num_experts_per_tok}) must be <= num_experts ({num_experts})",
-        ),
-        Rule(
-            ("topk_group", "n_group"), lambda t, g: t <= g, "topk_group ({topk_group}) must be <= n_group ({n_group})"
         ),
         below("mask_token_id", "vocab_size"),
     ),
@@ -103,9 +111,8 @@ REFERENCE_EOS_ID = 156892  # LLaDA2 ``generate(eos_id=...)`` default (also the o
 class LLaDA2MoeConfig(PretrainedConfig):
     """The official config keys and the reference configuration class's defaults."""
 
-    config_schema = LLADA2_SCHEMA
-
     model_type = "llada2_moe"
+    config_schema = LLADA2_SCHEMA
 
     def __init__(
         self,
