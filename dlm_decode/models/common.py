@@ -196,6 +196,8 @@ class DiffusionLMMixin:
     """
 
     logit_shift: int = 0
+    #: True for block-causal models (LLaDA2): decoded block by block on the absolute grid, ``denoise(block_length=)``
+    block_causal: bool = False
     #: how the layers run their pieces (``common.EAGER``, or ``compiled.CompiledLayers`` set by
     #: ``compiled.set_compile`` or for one ``generate(compile=...)`` call)
     layer_pieces: EagerLayers = EAGER
@@ -277,6 +279,7 @@ class DiffusionLMMixin:
         key_mask: torch.Tensor | None = None,  # [B, T] (or [B, W] with key_index)
         key_index: torch.Tensor | slice | None = None,  # [B, W] slots to attend to, or a run shared by all rows
         read: torch.Tensor | None = None,  # [B, N] region offsets whose logits are wanted; None: all of the region
+        block_length: int | None = None,  # block-causal models: the attention's block on the absolute position grid
     ) -> torch.Tensor:  # [B, R, V] logits; logits[:, j] predicts slot region[0] + j
         """Compute hidden states at ``compute`` slots and return aligned logits for slots ``[r0, r1)``.
 
@@ -284,6 +287,8 @@ class DiffusionLMMixin:
         nearest computed slot; cache policies always compute the states behind masked region slots. ``read``
         (offsets ``0 .. R-1``, repeats allowed): only those slots get logits, the others zeros; the hidden states
         behind them alone go through the last layer's attention output and MLP, the final norm and the LM head.
+        ``block_length``: for a block-causal model (``block_causal``), a query sees its own block and the earlier ones
+        of the absolute position grid; None on the bidirectional models.
         """
         b, t = canvas.shape
         r0, r1 = region
@@ -303,7 +308,10 @@ class DiffusionLMMixin:
             # row-wise lookup of the computed row holding each wanted slot (compute is sorted per row)
             rows = torch.searchsorted(compute.contiguous(), want.contiguous()).clamp(max=compute.shape[1] - 1)
             ids, pos, slots = canvas.gather(1, compute), positions.gather(1, compute), compute
-        hid = self.hidden_states(ids, pos, store=store, slots=slots, key_mask=key_mask, key_index=key_index, rows=rows)
+        blocks = {} if block_length is None else {"block_length": block_length}  # only block-causal models take it
+        hid = self.hidden_states(
+            ids, pos, store=store, slots=slots, key_mask=key_mask, key_index=key_index, rows=rows, **blocks
+        )
         logits = self.output_logits(hid)  # [B, R, V] or [B, N, V]
         if read is None:
             return logits

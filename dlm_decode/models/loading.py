@@ -105,13 +105,20 @@ def empty_model(config: Any) -> Any:
     from transformers import AutoModel
 
     with torch.device("meta"):
-        return AutoModel.from_config(config)
+        try:
+            return AutoModel.from_config(config)
+        except ValueError as e:  # the model's own config check: name the file
+            where = getattr(config, "_name_or_path", "")
+            raise ValueError(f"{Path(where) / 'config.json' if where else 'config'}: {e}") from None
 
 
 def model_facts(name_or_path: str | Path) -> ModelFacts:
     """What ``config.json`` decides about decoding (vocabulary, MASK id, maximum length), read without weights."""
     path = resolve_model_path(name_or_path)
-    return dataclasses.replace(ModelFacts.of_model(empty_model(read_config(path))), checkpoint_dir=str(path))
+    model = empty_model(read_config(path))
+    if hasattr(model, "adopt_tokenizer_ids"):  # ids config.json leaves out come from the tokenizer (LLaDA2)
+        model.adopt_tokenizer_ids(load_tokenizer(path))
+    return dataclasses.replace(ModelFacts.of_model(model), checkpoint_dir=str(path))
 
 
 def load_tokenizer(name_or_path: str | Path) -> Any | None:
@@ -167,4 +174,7 @@ def load_model(
     check_weights(path, empty_model(config))
     model = AutoModel.from_pretrained(path, config=config, dtype=torch_dtype, use_safetensors=True).to(device).eval()
     set_layout(model, layout)
-    return model, (load_tokenizer(path) if tokenizer else None)
+    tok = load_tokenizer(path) if tokenizer or hasattr(model, "adopt_tokenizer_ids") else None
+    if hasattr(model, "adopt_tokenizer_ids"):  # ids config.json leaves out come from the tokenizer (LLaDA2)
+        model.adopt_tokenizer_ids(tok)
+    return model, (tok if tokenizer else None)
