@@ -91,7 +91,11 @@ def add_decoding_args(p: argparse.ArgumentParser, *, gen_length: int | None = 12
         + ", ".join(sorted(PRESETS)),
     )
     g.add_argument("--sampler-opt", action="append", default=[], metavar="KEY=VALUE", help="sampler option")
-    g.add_argument("--cache", default="none", help="cache policy name: " + ", ".join(CACHES))
+    g.add_argument(
+        "--cache",
+        default=None,
+        help="cache policy name (default: prefix on block-causal models, else none): " + ", ".join(CACHES),
+    )
     g.add_argument("--cache-opt", action="append", default=[], metavar="KEY=VALUE", help="cache option")
     g.add_argument(
         "--gen-length", type=int, default=None, help=f"generation slots after the prompt (default {gen_length})"

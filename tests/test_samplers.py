@@ -34,11 +34,16 @@ def test_invariants(tiny_model, name):
         assert (trace[:, :8].max(1).values < trace[:, 8:].min(1).values).all()
     # at least one commit per unfinished row per step (where the reference promises it), and a bounded loop
     per_step = torch.tensor(out.tokens_per_step)  # [steps, B]
-    assert per_step.sum(0).tolist() == [16] * len(PROMPTS)
+    smp = get_sampler(name)
+    if smp.edits:  # token editing rewrites decoded slots too, and iterates past a block's last MASK
+        assert (per_step.sum(0) >= 16).all()
+        assert out.nfe <= 16 + 2 * (smp.max_post_steps + 1)
+    else:
+        assert per_step.sum(0).tolist() == [16] * len(PROMPTS)
     if get_sampler(name).commits_every_step:
         rows_left = torch.tensor([[int((trace[b] >= s).any()) for b in range(3)] for s in range(out.nfe)])
         assert ((per_step > 0) | (rows_left == 0)).all()
-    assert out.nfe <= 16
+    assert out.nfe <= 16 or smp.edits
     # temperature 0 ignores the seed; same seed gives the same output at temperature > 0
     if name not in ("random", "origin"):
         assert torch.equal(out.sequences, _run(tiny_model, name, seed=99).sequences)

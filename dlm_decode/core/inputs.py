@@ -28,6 +28,9 @@ class ModelFacts:
     # the checkpoint directory the model was loaded from (files shipped beside the weights, e.g. a Learn2PD filter);
     # None when unknown (a model built in memory)
     checkpoint_dir: str | None = None
+    # block-causal attention (LLaDA2): decoded block by block on the absolute position grid, exact K/V of finished
+    # blocks (``models.common.DiffusionLMMixin.block_causal``)
+    block_causal: bool = False
 
     @classmethod
     def of_model(cls, model: Any) -> ModelFacts:
@@ -39,6 +42,7 @@ class ModelFacts:
             model_type=str(getattr(model.config, "model_type", type(model).__name__)),
             sampling_defaults=dict(getattr(model, "sampling_defaults", {}) or {}),
             checkpoint_dir=_checkpoint_dir(model),
+            block_causal=bool(getattr(model, "block_causal", False)),
         )
 
 

@@ -155,8 +155,9 @@ def run_model(
         if graphs is not None and graphs.takes(canvas, compute, store, ki, read):
             logits = graphs.run(model.denoise, canvas, pos, compute=compute, region=region, key_mask=km, key_index=ki)
         else:
+            blocks = {"block_length": state.block_length} if state.inputs.block_causal else {}  # block-causal mask
             logits = model.denoise(
-                canvas, pos, compute=compute, region=region, store=store, key_mask=km, key_index=ki, read=read
+                canvas, pos, compute=compute, region=region, store=store, key_mask=km, key_index=ki, read=read, **blocks
             )
     finally:
         if store is not None:

@@ -43,7 +43,7 @@ def generate(
     chat: bool = False,
     sampler: str | Sampler = "low_confidence",
     sampler_options: dict[str, Any] | None = None,
-    cache: str | CachePolicy | None = "none",
+    cache: str | CachePolicy | None = None,
     cache_options: dict[str, Any] | None = None,
     config: DecodeConfig | None = None,
     trace: bool = False,

@@ -66,13 +66,18 @@ def fill_defaults(
     return sampler, (dataclasses.replace(config, **to_config) if to_config else config)
 
 
+def default_cache(facts: ModelFacts | None) -> str:
+    """The cache a request gets when it names none: ``prefix`` on block-causal models (exact there), else ``none``."""
+    return "prefix" if facts is not None and facts.block_causal else "none"
+
+
 def check_request(
     facts: ModelFacts | None,
     rows: list[list[int]] | None = None,
     *,
     sampler: str | Sampler = "low_confidence",
     sampler_options: dict[str, Any] | None = None,
-    cache: str | CachePolicy | None = "none",
+    cache: str | CachePolicy | None = None,
     cache_options: dict[str, Any] | None = None,
     config: DecodeConfig | None = None,
     **config_kwargs: Any,
@@ -81,13 +86,17 @@ def check_request(
     (token ids; None: no prompts yet, so only that the generation leaves room for one)."""
     cfg = decode_config(config, **config_kwargs)
     smp = get_sampler(sampler, sampler_options).with_model(facts)
-    pol = get_cache(cache, cache_options)
+    pol = get_cache(default_cache(facts) if cache is None else cache, cache_options)
     block, steps = resolve_lengths(cfg.gen_length, cfg.block_length, cfg.steps, blockwise=smp.blockwise)
-    if block > cfg.gen_length:
-        raise ValueError(f"block_length ({block}) must be <= gen_length ({cfg.gen_length})")
-    if cfg.gen_length % block:
-        raise ValueError(f"gen_length ({cfg.gen_length}) must be a multiple of block_length ({block})")
-    num_blocks = cfg.gen_length // block
+    block_causal = facts is not None and facts.block_causal
+    if block_causal:  # blocks on the absolute grid: any gen_length (a cap), any block (``decode.blocks``)
+        num_blocks = -(-cfg.gen_length // block)
+    else:
+        if block > cfg.gen_length:
+            raise ValueError(f"block_length ({block}) must be <= gen_length ({cfg.gen_length})")
+        if cfg.gen_length % block:
+            raise ValueError(f"gen_length ({cfg.gen_length}) must be a multiple of block_length ({block})")
+        num_blocks = cfg.gen_length // block
     smp.check(cfg, num_blocks)
     pol.check(cfg, smp, facts)
     smp.check_cache(pol)

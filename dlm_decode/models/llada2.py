@@ -263,6 +263,8 @@ class KeyView:
         computed = self._slot_ids(b, n_q, k.device)  # [B or 1, Q]
         q_pos = take_rows(self.positions, rows)
         key_mask, key_slots = self.key_mask, computed
+        if self.store is None and key_mask is not None and key_mask.shape[1] != n_q:  # [B, T] -> the computed slots
+            key_mask = key_mask.gather(1, computed.expand(b, -1))
         if self.store is not None:
             self.store.write(layer, self.slots, k, v)
             k, v = self.store.keys(layer), self.store.values(layer)
