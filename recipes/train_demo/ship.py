@@ -8,10 +8,9 @@ open-ended (``--sampler low_confidence --gen-length 128 --block-length 32 --step
 the first ``--limit`` official samples of each of the twelve demo tasks are decoded that way twice, with no cache and
 with the exact ``prefix`` cache, and every row must give the same generated ids, with no more forwards; a difference
 stops the ship with the sample named (exit 1). The directory gets the export's config.json, model.safetensors and
-tokenizer
-files, a ``generation_config.json`` (gen length cap, block, steps, mask / EOS ids), ``scores.json`` (the runner's
-scores in the other demo models' layout: scores, strict, mean, n, seconds, decoding) and a ``README.md`` card from
-the export's ``training.json`` and the scores.
+tokenizer files, a ``generation_config.json`` (gen length cap, block, steps, mask / EOS ids), ``scores.json`` (the
+runner's scores in the other demo models' layout: scores, strict, mean, n, seconds, decoding) and a ``README.md``
+card from the export's ``training.json`` and the scores.
 """
 
 from __future__ import annotations
