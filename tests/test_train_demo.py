@@ -1284,3 +1284,45 @@ def test_block_causal_hidden_states_see_earlier_blocks_only(tok):
         hid = model.hidden_states(other, pos, block_length=8)
         torch.testing.assert_close(hid[:, :same_before], base[:, :same_before])  # earlier blocks: blind to it
         assert (hid[:, same_before:] - base[:, same_before:]).abs().max() > 1e-4  # its own block sees it
+
+
+def _runner_json(tasks: list[str]) -> dict:
+    rows = [dict(task=t, n=1, score=50.0, score_strict=25.0, nfe=3.0, seconds=0.5) for t in tasks]
+    return {"tasks": rows, "decoding": {"sampler": "low_confidence", "block_length": 8, "gen_length": 128}}
+
+
+def test_ship_checks_the_exact_cache_and_writes_a_demo_directory(tok, tmp_path, mini_pb, capsys):
+    """ship.py on a tiny llada2 export: the exact-cache check runs over the twelve tasks (prefix cache = no cache),
+    then the weights, tokenizer, generation_config (gen 128 cap, the scores' block), scores and card are written; a
+    bidirectional export or a file that is not the runner's JSON is refused with a one-line error before any work."""
+    from recipes.train_demo import checkpoint as ck
+    from recipes.train_demo import ship as sh
+
+    torch.manual_seed(0)
+    size = cf.ModelConfig(d_model=32, n_layers=2, n_heads=2, mlp_hidden=64, moe_hidden=16, **LLADA2)
+    ck.export_model(md.make_model(size, tok), tok, tmp_path / "export", {"step": 7, "train_seconds": 3})
+    scores = tmp_path / "scores.json"
+    scores.write_text("progress line\n" + json.dumps(_runner_json(["waiting_line/copy", "puzzle/sudoku_n4_12"])))
+    args = ["--export", str(tmp_path / "export"), "--scores", str(scores), "--data", str(mini_pb), "--limit", "1"]
+    sh.main([*args, "--out", str(tmp_path / "ship")])
+    out = tmp_path / "ship"
+    gen = json.loads((out / "generation_config.json").read_text())
+    assert gen["gen_length"] == 128 and gen["block_length"] == 8 and gen["eos_token_id"] == tok.eos_token_id
+    shipped = json.loads((out / "scores.json").read_text())
+    assert shipped["scores"] == {"puzzle/sudoku_n4_12": 50.0, "waiting_line/copy": 50.0} and shipped["mean"] == 50.0
+    card = (out / "README.md").read_text()
+    assert "| waiting_line/copy | 50.0 | 25.0 | 1 | 95 (missed) |" in card and "llada2_moe" in card
+    assert "On 12 official samples" in card  # one sample of each of the twelve tasks, decoded both ways
+    model, _ = dlm_decode.load_model(out, dtype=torch.float32)
+    assert type(model).__name__ == "LLaDA2MoeModelLM"
+    ck.export_model(_tiny(tok, "llada"), tok, tmp_path / "bidir", {"step": 1})
+    for bad, message in (
+        (["--export", str(tmp_path / "bidir")], "is not block-causal"),
+        (["--scores", str(tmp_path / "export" / "config.json")], "not a dlm-decode parallelbench --json output"),
+    ):
+        argv = [*args, "--out", str(tmp_path / "bad")]
+        argv[argv.index(bad[0]) + 1] = bad[1]
+        with pytest.raises(SystemExit) as e:
+            sh.main(argv)
+        assert e.value.code == 1 and not (tmp_path / "bad").exists()
+        assert message in capsys.readouterr().err
