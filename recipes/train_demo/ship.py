@@ -64,6 +64,18 @@ def check_exact_cache(model: Any, tok: Any, data: Path, limit: int | None, block
     return nfe
 
 
+def runner_json(path: Path) -> dict[str, Any]:
+    """The last line of ``dlm-decode parallelbench --json``'s output (progress lines may come before it)."""
+    lines = path.read_text().strip().splitlines() if path.is_file() else []
+    try:
+        last = json.loads(lines[-1]) if lines else None
+    except json.JSONDecodeError:
+        last = None
+    if not isinstance(last, dict):
+        raise ValueError(f"--scores {path}: not a dlm-decode parallelbench --json output (no JSON object last)")
+    return last
+
+
 def shipped_scores(runner: dict[str, Any], model: str) -> dict[str, Any]:
     """The runner's ``--json`` object in the demo models' scores.json layout."""
     if "tasks" not in runner or "decoding" not in runner:
@@ -101,8 +113,7 @@ def ship(args: argparse.Namespace) -> None:
     missing = [f for f in (*SHIPPED, "training.json") if not (export / f).is_file()]
     if missing:
         raise ValueError(f"--export {export}: missing {', '.join(missing)} (a train_demo export directory)")
-    lines = Path(args.scores).read_text().strip().splitlines()
-    scores = shipped_scores(json.loads(lines[-1]) if lines else {}, str(export))
+    scores = shipped_scores(runner_json(Path(args.scores)), str(export))
     torch.set_num_threads(args.threads)
     model, tok = dlm_decode.load_model(export, dtype=torch.float32)
     if not getattr(model, "block_causal", False):
