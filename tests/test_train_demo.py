@@ -1161,7 +1161,9 @@ def test_config_files_overrides_and_bad_configs_name_the_key(tmp_path):
         "run: {seed: [1]}\n": "run.seed: expected a number",
         "model: {tokenizer: t}\nsurprise: 1\n": "unknown key(s) ['surprise']",
         "model: {tokenizer: t, family: gpt}\n": "model.family: 'gpt'; choose one of llada, dream, llada2",
-        "model: {tokenizer: t, family: llada2, attention: block_causal, block_length: 32}\n": "llada2",
+        "model: {tokenizer: t, family: llada2}\n": "family llada2 trains block-causally",
+        "model: {tokenizer: t, family: llada2, attention: block_causal, block_length: 8, n_group: 3}\n": "n_group 3",
+        "model: {tokenizer: t, upcycle: x}\n": "model.upcycle builds a llada2 model",
         "model: {tokenizer: t, attention: block_causal}\n": "block_causal needs family llada2",
         "model: {tokenizer: t, block_length: 32}\n": "block_length is for block_causal attention",
         "model: {d_model: 64}\n": "model.tokenizer: a fresh model",
@@ -1207,3 +1209,120 @@ def test_train_stops_on_a_bad_input_before_loading_anything(tmp_path, monkeypatc
         (tmp_path / "pb" / g / "task_config.yaml").write_text("{}")
     with pytest.raises(ValueError, match="holds no tokenizer.json"):
         tr.main(["--config", str(path), "--data", str(tmp_path / "pb")])
+
+
+# ------------------------------------------------------------------------------------------ llada2 (block-causal)
+
+DEMO_LLADA = Path(dlm_decode.__file__).parent / "demo_models" / "demo-llada"
+LLADA2 = dict(family="llada2", attention="block_causal", block_length=8)
+
+
+def test_fresh_llada2_is_a_block_causal_moe(tok):
+    torch.manual_seed(0)
+    size = cf.ModelConfig(d_model=32, n_layers=3, n_heads=2, mlp_hidden=64, moe_hidden=16, **LLADA2)
+    model = md.make_model(size, tok)
+    assert type(model).__name__ == "LLaDA2MoeModelLM" and model.block_causal and model.logit_shift == 0
+    layers = model.model.layers
+    assert not hasattr(layers[0].mlp, "experts")  # first_dense: 1
+    assert all(len(layer.mlp.experts) == 4 and layer.mlp.shared_experts is not None for layer in layers[1:])
+    assert model.mask_token_id == tok.mask_token_id and model.config.num_experts_per_tok == 2
+
+
+def _upcycled(**kw):
+    m = cf.ModelConfig(upcycle=str(DEMO_LLADA), **LLADA2, **kw)
+    return md.initial_model(m, None, say=lambda *_: None)
+
+
+def test_upcycled_llada2_computes_demo_llada_on_a_bidirectional_mask():
+    """Step 0 of the upcycled model is demo-llada's function: equal logits with every key visible (qk_norm off and
+    full-head RoPE; the routed experts add zero). With qk_norm on they differ: RMSNorm per head rescales q and k."""
+    src, _ = dlm_decode.load_model(DEMO_LLADA, dtype=torch.float32, tokenizer=False)
+    ids = torch.randint(3, src.config.vocab_size, (2, 40), generator=torch.Generator().manual_seed(1))
+    want = src(ids).logits
+    model = _upcycled(qk_norm=False, partial_rotary=1.0)
+    torch.testing.assert_close(model(ids).logits, want, rtol=1e-5, atol=1e-4)
+    moe = model.model.layers[1].mlp
+    assert all(float(e.down_proj.weight.abs().sum()) == 0 for e in moe.experts)
+    assert not torch.equal(moe.experts[0].gate_proj.weight, moe.experts[1].gate_proj.weight)  # distinct slices
+    assert (model(ids, block_length=8).logits - want).abs().max() > 1e-2  # the block-causal mask changes them
+    assert (_upcycled(qk_norm=True, partial_rotary=1.0)(ids).logits - want).abs().max() > 1e-2
+
+
+def test_block_causal_loss_uses_the_decoding_mask(tok, rows):
+    """diffusion_loss with block_length == the loss from the official forward under an explicit 4D mask: a query
+    sees the valid keys of its own block and of earlier blocks, on the grid of positions from each row's first real
+    token (left padding shifts slots, not positions); the mask is not a bidirectional one."""
+    torch.manual_seed(0)
+    size = cf.ModelConfig(d_model=32, n_layers=2, n_heads=2, mlp_hidden=64, moe_hidden=16, **LLADA2)
+    model = md.make_model(size, tok)
+    batch = ob.collate(rows[:2] + [(rows[2][0][:-5], rows[2][1])], tok.pad_token_id)  # rows of unequal lengths
+    loss, _ = ob.diffusion_loss(model, batch, torch.Generator().manual_seed(3), block_length=8)
+    noisy, masked, p_mask = ob.mask_response(batch, tok.mask_token_id, torch.Generator().manual_seed(3))
+    valid = batch["valid"]
+    pos = (valid.long().cumsum(1) - 1).clamp(min=0)
+    blk = pos // 8
+    mask4d = (valid[:, None, :] & (blk[:, None, :] <= blk[:, :, None]))[:, None]  # [B, 1, T, T]
+    mask4d |= torch.eye(valid.shape[1], dtype=torch.bool)  # padding queries see themselves (never scored)
+    logits = model(noisy, attention_mask=mask4d, position_ids=pos).logits
+    ce = torch.nn.functional.cross_entropy(logits.transpose(1, 2), batch["input_ids"], reduction="none")
+    want = ((ce * masked) / (p_mask[:, None] * 24)).sum() / 3
+    torch.testing.assert_close(loss, want, rtol=1e-5, atol=1e-6)
+    bidirectional, _ = ob.diffusion_loss(model, batch, torch.Generator().manual_seed(3))
+    assert abs(float(bidirectional - loss)) > 1e-4
+
+
+def test_block_causal_hidden_states_see_earlier_blocks_only(tok):
+    torch.manual_seed(0)
+    size = cf.ModelConfig(d_model=32, n_layers=2, n_heads=2, mlp_hidden=64, moe_hidden=16, **LLADA2)
+    model = md.make_model(size, tok).eval()
+    ids = torch.randint(4, len(tok), (1, 24), generator=torch.Generator().manual_seed(2))
+    pos = torch.arange(24)[None]
+    base = model.hidden_states(ids, pos, block_length=8)
+    for changed, same_before in ((20, 16), (9, 8)):  # a token of block 2, of block 1
+        other = ids.clone()
+        other[0, changed] = (other[0, changed] + 1) % len(tok)
+        hid = model.hidden_states(other, pos, block_length=8)
+        torch.testing.assert_close(hid[:, :same_before], base[:, :same_before])  # earlier blocks: blind to it
+        assert (hid[:, same_before:] - base[:, same_before:]).abs().max() > 1e-4  # its own block sees it
+
+
+def _runner_json(tasks: list[str]) -> dict:
+    rows = [dict(task=t, n=1, score=50.0, score_strict=25.0, nfe=3.0, seconds=0.5) for t in tasks]
+    return {"tasks": rows, "decoding": {"sampler": "low_confidence", "block_length": 8, "gen_length": 128}}
+
+
+def test_ship_checks_the_exact_cache_and_writes_a_demo_directory(tok, tmp_path, mini_pb, capsys):
+    """ship.py on a tiny llada2 export: the exact-cache check runs over the twelve tasks (prefix cache = no cache),
+    then the weights, tokenizer, generation_config (gen 128 cap, the scores' block), scores and card are written; a
+    bidirectional export or a file that is not the runner's JSON is refused with a one-line error before any work."""
+    from recipes.train_demo import checkpoint as ck
+    from recipes.train_demo import ship as sh
+
+    torch.manual_seed(0)
+    size = cf.ModelConfig(d_model=32, n_layers=2, n_heads=2, mlp_hidden=64, moe_hidden=16, **LLADA2)
+    ck.export_model(md.make_model(size, tok), tok, tmp_path / "export", {"step": 7, "train_seconds": 3})
+    scores = tmp_path / "scores.json"
+    scores.write_text("progress line\n" + json.dumps(_runner_json(["waiting_line/copy", "puzzle/sudoku_n4_12"])))
+    args = ["--export", str(tmp_path / "export"), "--scores", str(scores), "--data", str(mini_pb), "--limit", "1"]
+    sh.main([*args, "--out", str(tmp_path / "ship")])
+    out = tmp_path / "ship"
+    gen = json.loads((out / "generation_config.json").read_text())
+    assert gen["gen_length"] == 128 and gen["block_length"] == 8 and gen["eos_token_id"] == tok.eos_token_id
+    shipped = json.loads((out / "scores.json").read_text())
+    assert shipped["scores"] == {"puzzle/sudoku_n4_12": 50.0, "waiting_line/copy": 50.0} and shipped["mean"] == 50.0
+    card = (out / "README.md").read_text()
+    assert "| waiting_line/copy | 50.0 | 25.0 | 1 | 95 (missed) |" in card and "llada2_moe" in card
+    assert "On 12 official samples" in card  # one sample of each of the twelve tasks, decoded both ways
+    model, _ = dlm_decode.load_model(out, dtype=torch.float32)
+    assert type(model).__name__ == "LLaDA2MoeModelLM"
+    ck.export_model(_tiny(tok, "llada"), tok, tmp_path / "bidir", {"step": 1})
+    for bad, message in (
+        (["--export", str(tmp_path / "bidir")], "is not block-causal"),
+        (["--scores", str(tmp_path / "export" / "config.json")], "not a dlm-decode parallelbench --json output"),
+    ):
+        argv = [*args, "--out", str(tmp_path / "bad")]
+        argv[argv.index(bad[0]) + 1] = bad[1]
+        with pytest.raises(SystemExit) as e:
+            sh.main(argv)
+        assert e.value.code == 1 and not (tmp_path / "bad").exists()
+        assert message in capsys.readouterr().err

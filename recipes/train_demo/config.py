@@ -30,7 +30,7 @@ from recipes.train_demo.stream import AUX_TASKS, SELF, STAGE_TASKS, list_lengths
 
 # the longest canvas a stage may pad to: the official prompts (up to ~240 tokens) plus this fit the demo models' 512
 MAX_CANVAS = 256
-FAMILIES = ("llada", "dream", "llada2")  # llada2: reserved for the block-causal LLaDA2 model, not built yet
+FAMILIES = ("llada", "dream", "llada2")  # llada2: the block-causal LLaDA2 MoE (dlm_decode.models.llada2)
 ATTENTIONS = ("bidirectional", "block_causal")
 
 
@@ -38,7 +38,7 @@ ATTENTIONS = ("bidirectional", "block_causal")
 class ModelConfig:
     """The architecture of a fresh model (ignored, but for ``rope_theta``, when the run starts from ``init``)."""
 
-    family: str = "llada"  # llada | dream (| llada2, reserved)
+    family: str = "llada"  # llada | dream | llada2
     attention: str = "bidirectional"  # bidirectional (LLaDA, Dream) | block_causal (llada2, with block_length)
     block_length: int | None = None  # block-causal attention's block; None for bidirectional attention
     d_model: int = 128
@@ -51,6 +51,18 @@ class ModelConfig:
     tie_embeddings: bool = False  # llada only: output projection = input embedding (weight_tying)
     init: str | None = None  # start from this exported model (its architecture); optimizer and schedule fresh
     tokenizer: str | None = None  # tokenizer directory (tokenizer.py); None: the init model's own
+    # llada2 only (LLaDA2MoeConfig keys in brackets): the MoE and attention of a fresh model
+    n_experts: int = 4  # routed experts (num_experts)
+    experts_per_tok: int = 2  # (num_experts_per_tok); >= 2 keeps the upcycled MoE equal to the dense MLP
+    n_group: int = 2  # expert groups of the group-limited top-k (n_group)
+    topk_group: int = 2  # groups kept (topk_group)
+    moe_hidden: int = 96  # width of one routed expert (moe_intermediate_size)
+    n_shared_experts: int = 4  # the shared expert's width is moe_hidden * this (num_shared_experts)
+    first_dense: int = 1  # leading dense layers (first_k_dense_replace)
+    routed_scale: float = 2.5  # (routed_scaling_factor)
+    qk_norm: bool = True  # RMSNorm per head on q and k (use_qk_norm)
+    partial_rotary: float = 0.5  # share of head_dim rotated (partial_rotary_factor); 1.0 is LLaDA's full RoPE
+    upcycle: str | None = None  # llada2: a fresh model initialised from this LLaDA checkpoint (upcycle.py)
 
     @property
     def kv_heads(self) -> int:
@@ -280,14 +292,17 @@ def check_config(cfg: TrainConfig) -> None:
 def _check_model(m: ModelConfig) -> None:
     if m.family not in FAMILIES:
         raise ValueError(f"model.family: {m.family!r}; choose one of {', '.join(FAMILIES)}")
-    if m.family == "llada2":
-        raise ValueError("model.family: llada2 (block-causal LLaDA2) is reserved; its model is not in dlm_decode yet")
     if m.attention not in ATTENTIONS:
         raise ValueError(f"model.attention: {m.attention!r}; choose one of {', '.join(ATTENTIONS)}")
-    if m.attention == "block_causal":
-        raise ValueError(f"model.attention: block_causal needs family llada2; {m.family} attends bidirectionally")
-    if m.block_length is not None:
-        raise ValueError("model.block_length is for block_causal attention; leave it out for bidirectional models")
+    if m.family == "llada2":
+        _check_llada2(m)
+    else:
+        if m.attention == "block_causal":
+            raise ValueError(f"model.attention: block_causal needs family llada2; {m.family} attends bidirectionally")
+        if m.block_length is not None:
+            raise ValueError("model.block_length is for block_causal attention; leave it out for bidirectional models")
+        if m.upcycle is not None:
+            raise ValueError("model.upcycle builds a llada2 model from a LLaDA checkpoint; set model.family: llada2")
     for key in ("d_model", "n_layers", "n_heads", "mlp_hidden", "max_len"):
         if getattr(m, key) < 1:
             raise ValueError(f"model.{key} must be >= 1, got {getattr(m, key)}")
@@ -297,8 +312,29 @@ def _check_model(m: ModelConfig) -> None:
         raise ValueError("model.tie_embeddings is for family llada (weight_tying); Dream checkpoints here are untied")
     if m.rope_theta is not None and m.rope_theta <= 0:
         raise ValueError(f"model.rope_theta must be > 0, got {m.rope_theta}")
-    if m.init is None and m.tokenizer is None:
+    if m.init is None and m.tokenizer is None and m.upcycle is None:
         raise ValueError("model.tokenizer: a fresh model (no model.init, no --init) needs a tokenizer (tokenizer.py)")
+
+
+def _check_llada2(m: ModelConfig) -> None:
+    if m.attention != "block_causal" or m.block_length is None or m.block_length < 1:
+        raise ValueError("model: family llada2 trains block-causally; set attention: block_causal, block_length >= 1")
+    if m.init is not None and m.upcycle is not None:
+        raise ValueError("model.init and model.upcycle: give one (init continues a llada2 run, upcycle starts one)")
+    for key in ("n_experts", "experts_per_tok", "n_group", "topk_group", "moe_hidden", "n_shared_experts"):
+        if getattr(m, key) < 1:
+            raise ValueError(f"model.{key} must be >= 1, got {getattr(m, key)}")
+    if m.n_experts % m.n_group or m.n_experts // m.n_group < 2:
+        raise ValueError(f"model.n_group {m.n_group} must split n_experts {m.n_experts} into groups of >= 2")
+    if not m.topk_group <= m.n_group or not m.experts_per_tok <= m.topk_group * (m.n_experts // m.n_group):
+        raise ValueError("model.topk_group must be <= n_group and experts_per_tok <= the experts of the kept groups")
+    if not 0 <= m.first_dense <= m.n_layers:
+        raise ValueError(f"model.first_dense must be in [0, n_layers], got {m.first_dense}")
+    if m.routed_scale <= 0:
+        raise ValueError(f"model.routed_scale must be > 0, got {m.routed_scale}")
+    rope = m.d_model // m.n_heads * m.partial_rotary
+    if not 0 < m.partial_rotary <= 1 or rope != int(rope) or int(rope) % 2:
+        raise ValueError(f"model.partial_rotary: {m.partial_rotary} must make an even rotated width in (0, head_dim]")
 
 
 def _check_data(d: DataConfig) -> None:

@@ -1,8 +1,8 @@
 """A fresh model of the chosen family in the official checkpoint format, or a trained one to continue from.
 
 ``family: llada`` builds ``LLaDAModelLM`` (bidirectional attention, ``logit_shift`` 0), ``family: dream`` builds
-``DreamModel`` (bidirectional, shifted logits). ``llada2`` (block-causal attention with ``block_length``) is reserved
-in the config for the LLaDA2 model once dlm_decode has it.
+``DreamModel`` (bidirectional, shifted logits), ``family: llada2`` builds ``LLaDA2MoeModelLM`` (block-causal attention
+with the config's ``block_length``, unshifted logits), fresh or upcycled from a LLaDA checkpoint (``upcycle.py``).
 """
 
 from __future__ import annotations
@@ -15,9 +15,11 @@ import torch
 from dlm_decode.models import load_model
 from dlm_decode.models.dream import DreamConfig, DreamModel
 from dlm_decode.models.llada import LLaDAConfig, LLaDAModelLM
+from dlm_decode.models.llada2 import LLaDA2MoeModelLM
 from recipes.train_demo.config import ModelConfig
+from recipes.train_demo.upcycle import llada2_config, upcycled_llada2
 
-LOGIT_SHIFT = {"llada": 0, "dream": 1}
+LOGIT_SHIFT = {"llada": 0, "dream": 1, "llada2": 0}
 
 
 def make_model(m: ModelConfig, tok: Any) -> torch.nn.Module:
@@ -58,16 +60,19 @@ def make_model(m: ModelConfig, tok: Any) -> torch.nn.Module:
             **ids,
         )
         return DreamModel(cfg)
-    raise ValueError(f"model.family: {m.family!r} has no model here; choose llada or dream")
+    if m.family == "llada2":
+        return LLaDA2MoeModelLM(llada2_config(m, vocab, ids, theta))
+    raise ValueError(f"model.family: {m.family!r} has no model here; choose llada, dream or llada2")
 
 
 def initial_model(m: ModelConfig, tok: Any, say: Any = print) -> torch.nn.Module:
     """``m.init``'s trained weights (in fp32; a rope_theta given replaces its base) or a fresh ``m.family`` model.
     A checkpoint of another family than ``m.family`` is a ValueError: the objective's logit shift would be wrong."""
     if m.init is None:
-        return make_model(m, tok)
+        return upcycled_llada2(m, say) if m.upcycle is not None else make_model(m, tok)
     model, _ = load_model(m.init, dtype=torch.float32, tokenizer=False)
-    if model.logit_shift != LOGIT_SHIFT[m.family]:
+    block_causal = bool(getattr(model, "block_causal", False))
+    if model.logit_shift != LOGIT_SHIFT[m.family] or block_causal != (m.family == "llada2"):
         raise ValueError(f"model.init {m.init} is not a {m.family} model; set model.family to its family")
     if m.rope_theta is not None:  # the rotary tables are built from the config at every forward
         say(f"RoPE base {model.config.rope_theta:g} -> {m.rope_theta:g}")

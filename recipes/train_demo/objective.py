@@ -6,6 +6,10 @@ masked independently per token with probability ``p = (1 - eps) t + eps``, ``t ~
 the cross-entropy on masked response tokens weighted by ``1 / p`` and divided by the response length, averaged over
 the batch. Dream's logits are shifted (``logit_shift`` 1): token ``i`` is scored from the hidden state at ``i - 1``.
 
+A block-causal model (``family: llada2``) is trained with its decoding mask: ``block_length`` goes to the model's
+``hidden_states``, so a token sees its own block and every earlier one on the absolute position grid (position 0 is
+the row's first real token, as in decoding), never a later block; the forward process and loss are the same.
+
 Rows are left-padded (positions ``cumsum(valid) - 1``, key-padding mask), the canvas layout ``dlm_decode.generate``
 decodes with. The masks of a step are drawn from ``step_generator(seed, step)``, so a resumed run draws the same.
 """
@@ -60,25 +64,37 @@ def mask_response(
 
 
 def masked_logits(
-    model: Any, batch: dict[str, torch.Tensor], generator: torch.Generator, eps: float = 1e-3, stratified: bool = False
+    model: Any,
+    batch: dict[str, torch.Tensor],
+    generator: torch.Generator,
+    eps: float = 1e-3,
+    stratified: bool = False,
+    block_length: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Mask the responses (``mask_response``) and score the masked slots: logits [M, V] from hidden ``i -
-    logit_shift`` (the LM head runs only on those), their true ids [M], each one's batch row [M], and p_mask [B]."""
+    logit_shift`` (the LM head runs only on those), their true ids [M], each one's batch row [M], and p_mask [B].
+    ``block_length``: block-causal attention (block-causal models only)."""
     core = model.module if hasattr(model, "module") else model
     noisy, masked, p_mask = mask_response(batch, core.mask_token_id, generator, eps, stratified)
     valid = batch["valid"]
     positions = (valid.long().cumsum(1) - 1).clamp(min=0)
-    hid = core.hidden_states(noisy, positions, key_mask=valid)  # [B, T, d]
+    kw = {"block_length": block_length} if block_length is not None else {}
+    hid = core.hidden_states(noisy, positions, key_mask=valid, **kw)  # [B, T, d]
     rows, cols = masked.nonzero(as_tuple=True)
     logits = core.output_logits(hid[rows, cols - core.logit_shift])  # [M, V]
     return logits, batch["input_ids"][rows, cols], rows, p_mask
 
 
 def diffusion_loss(
-    model: Any, batch: dict[str, torch.Tensor], generator: torch.Generator, eps: float = 1e-3, stratified: bool = False
+    model: Any,
+    batch: dict[str, torch.Tensor],
+    generator: torch.Generator,
+    eps: float = 1e-3,
+    stratified: bool = False,
+    block_length: int | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """LLaDA SFT loss: sum over masked response tokens of CE / p_mask, divided by the response length, batch mean."""
-    logits, target, rows, p_mask = masked_logits(model, batch, generator, eps, stratified)
+    logits, target, rows, p_mask = masked_logits(model, batch, generator, eps, stratified, block_length)
     ce = F.cross_entropy(logits.float(), target, reduction="none")  # [M]
     weight = 1.0 / (p_mask[rows] * batch["response_length"][rows])
     loss = (ce * weight).sum() / batch["input_ids"].shape[0]

@@ -89,8 +89,9 @@ class Run:
 
 
 def tokenizer_dir(cfg: TrainConfig) -> Path:
-    """``model.tokenizer``, else the init checkpoint's directory; checked for a tokenizer.json."""
-    path = Path(cfg.model.tokenizer) if cfg.model.tokenizer else resolve_model_path(cfg.model.init)
+    """``model.tokenizer``, else the init (or upcycled) checkpoint's directory; checked for a tokenizer.json."""
+    source = cfg.model.init or cfg.model.upcycle
+    path = Path(cfg.model.tokenizer) if cfg.model.tokenizer else resolve_model_path(source)
     if not (path / "tokenizer.json").is_file():
         raise ValueError(f"model.tokenizer: {path} holds no tokenizer.json (tokenizer.py writes the directory)")
     return path
@@ -234,7 +235,8 @@ def train_step(run: Run, step: int, resets: set[int]) -> dict:
     batch = collate([(p, r) for p, r, _ in mine], run.tok.pad_token_id)
     batch = {k: v.to(acc.device) for k, v in batch.items()}
     gen = step_generator(cfg.run.seed, step)
-    loss, _ = diffusion_loss(run.model, batch, gen, stratified=cfg.data.t_sampling == "stratified")
+    stratified = cfg.data.t_sampling == "stratified"
+    loss, _ = diffusion_loss(run.model, batch, gen, stratified=stratified, block_length=cfg.model.block_length)
     acc.backward(loss)
     acc.clip_grad_norm_([p for _, p in run.trainable], 1.0)
     run.opt.step()
@@ -261,10 +263,12 @@ def evaluate(run: Run, stage: Stage) -> dict:
     short_eval = ["short"] if run.cfg.data.short_format == "chat" else []
     which = short_eval if stage.kind == "short" else ["full", *short_eval]
     model = run.accelerator.unwrap_model(run.model)
+    block = run.cfg.model.block_length
     scores: dict[str, float] = {}
     for kind in which:
         for name, item in run.evals[kind].items():
-            scores[name] = round(score_task(model, run.tok, name.removeprefix("short/"), *item)["score"], 1)
+            result = score_task(model, run.tok, name.removeprefix("short/"), *item, block_length=block)
+            scores[name] = round(result["score"], 1)
     full = [v for k, v in scores.items() if not k.startswith("short/")]
     short = [v for k, v in scores.items() if k.startswith("short/")]
     return {
