@@ -1,7 +1,7 @@
 """A Markdown report of a ParallelBench sweep: the sampler table, the cache table, score against tokens per step per
 task, PBx, AUP and the quality/parallelism targets, from the sweep's JSONL (``dlm-decode parallelbench --sweep``).
 
-    python benchmarks/sweep_report.py runs/pb.jsonl --out benchmarks/results/quality-demo-llada.md \\
+    python benchmarks/sweep_report.py runs/pb.jsonl --out runs/quality-demo-llada.md \\
         --command "dlm-decode parallelbench --model demo-llada --sweep benchmarks/grids/quality_parallelism.json ..."
 
 Tables (means over the tasks a config has rows for; scores x 100):

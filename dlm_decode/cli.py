@@ -17,6 +17,7 @@ from typing import Any, NoReturn
 
 import dlm_decode
 from dlm_decode.cache import CACHES, get_cache
+from dlm_decode.core.generation_config import resolve_chat
 from dlm_decode.core.inputs import encode_prompts
 from dlm_decode.decode import check_request
 from dlm_decode.models.compiled import MODES
@@ -95,7 +96,11 @@ def add_decoding_args(p: argparse.ArgumentParser, *, task_lengths: bool = False)
         + ", ".join(sorted(PRESETS)),
     )
     g.add_argument("--sampler-opt", action="append", default=[], metavar="KEY=VALUE", help="sampler option")
-    g.add_argument("--cache", default="none", help="cache policy name: " + ", ".join(CACHES))
+    g.add_argument(
+        "--cache",
+        default=None,
+        help="cache policy name (default: prefix on block-causal models, else none): " + ", ".join(CACHES),
+    )
     g.add_argument("--cache-opt", action="append", default=[], metavar="KEY=VALUE", help="cache option")
     g.add_argument(
         "--gen-length", type=int, default=None, help=f"generation slots after the prompt (default: {lengths})"
@@ -148,7 +153,7 @@ def add_compile_arg(p: argparse.ArgumentParser, extra_help: str = "") -> None:
         metavar="MODE",
         help="torch.compile the layers' elementwise pieces (inductor; MODE: " + ", ".join(MODES) + ", default "
         "'default'); eager with one warning if compiling fails. Compiling takes seconds to minutes on first use, "
-        "counted in the first decode's time; see README 'Compiled forward' for when it pays" + extra_help,
+        "counted in the first decode's time; see docs/caches.md 'Compiled forward' for when it pays" + extra_help,
     )
 
 
@@ -196,7 +201,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help="checkpoint directory or shipped demo name (demo-llada, demo-dream)")
     p.add_argument("prompts", nargs="*", help="prompt texts, one per batch row")
     p.add_argument("--input-ids", action="append", default=[], metavar="1,2,3", help="token ids of one row")
-    p.add_argument("--chat", action="store_true", help="wrap each text prompt as a user turn of the chat template")
+    p.add_argument(
+        "--chat",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="wrap each text prompt as a user turn of the chat template (default: the checkpoint's "
+        "generation_config.json `chat`, else no)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     add_decoding_args(p)
     add_compile_arg(p)
@@ -204,7 +215,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--cuda-graphs",
         action="store_true",
         help="replay a block's fixed-shape steps as CUDA graphs (a GPU, batch 1: the forward is host-bound there; "
-        "README 'Step graphs'); counts in the JSON's 'graphs'",
+        "docs/caches.md 'Step graphs'); counts in the JSON's 'graphs'",
     )
 
 
@@ -225,7 +236,7 @@ def run(args: argparse.Namespace) -> int:
     facts, tok = model_facts(args.model), load_tokenizer(args.model)
     if args.prompts and tok is None:
         raise ValueError(f"{args.model} ships no tokenizer: pass --input-ids instead of text prompts")
-    ids = encode_prompts(rows, tok, args.chat)
+    ids = encode_prompts(rows, tok, resolve_chat(facts.generation, args.chat))
     check_request(facts, ids, **kw)
     model, _ = dlm_decode.load_model(args.model, dtype=args.dtype, device=args.device, tokenizer=False)
     out = dlm_decode.generate(model, ids, tokenizer=tok, compile=args.compile, cuda_graphs=args.cuda_graphs, **kw)
@@ -263,9 +274,25 @@ def _needs_extra(command: str, install: str):
     return run
 
 
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """``parse_args`` that keeps prompt texts given after an option (``generate MODEL --chat "text"``): argparse
+    hands the ``prompts`` positional its empty list together with MODEL, so texts after an option come back unparsed;
+    they join the prompts, while anything option-like left over is still an error, reported by the sub-command's
+    parser (its usage, ``usage: dlm-decode generate ...``, not the top-level one)."""
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if isinstance(getattr(args, "prompts", None), list):
+        args.prompts += [e for e in extra if not e.startswith("-")]
+        extra = [e for e in extra if e.startswith("-")]
+    if extra:
+        subs = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        subs.choices[args.command].error("unrecognized arguments: " + " ".join(extra))
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
-        args = build_parser().parse_args(argv)
+        args = parse_args(argv)
     except KeyboardInterrupt:  # Ctrl-C while the subcommands' modules import
         print("dlm-decode: interrupted", file=sys.stderr)
         return 130

@@ -32,6 +32,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from dlm_decode.core.words import plural
+
 HELD_OUT_SEED = 3_000_017  # official seeds are five-digit; the demo model trains on 7_000_001+ and evals on 9_000_001+
 DEMO_TASKS = [
     "waiting_line/copy",
@@ -191,7 +193,12 @@ def run(args: argparse.Namespace) -> int:
     samples = args.samples if args.samples is not None else (2 if args.quick else 4)
     if samples < 1:
         raise ValueError(f"--samples must be >= 1, got {samples}")
-    names = [t.strip() for t in args.tasks.split(",")] if args.tasks else (QUICK_TASKS if args.quick else DEMO_TASKS)
+    if args.max_configs < 1:  # 0 used to run one config anyway
+        raise ValueError(f"--max-configs must be >= 1 (sampler x cache configurations to run), got {args.max_configs}")
+    names = [t.strip() for t in args.tasks.split(",") if t.strip()] if args.tasks is not None else None
+    if names == []:
+        raise ValueError(f"--tasks {args.tasks!r} names no task; leave it out for the demo's tasks")
+    names = names or (QUICK_TASKS if args.quick else DEMO_TASKS)
     try:
         tasks = load_demo_tasks(args.data, names, samples, args.seed)
     except KeyError as e:
@@ -203,7 +210,8 @@ def run(args: argparse.Namespace) -> int:
     configs = [_with_tokenizer_delimiters(c, tok) for c in configs]
     warm_up(model, tok, tasks)
     print(
-        f"demo: {args.model}, {len(tasks)} tasks x {samples} samples (seed {args.seed}), {len(configs)} configs",
+        f"demo: {args.model}, {plural(len(tasks), 'task')} x {plural(samples, 'sample')} (seed {args.seed}), "
+        f"{plural(len(configs), 'config')}",
         file=sys.stderr,
     )
     rows: list[dict[str, Any]] = []

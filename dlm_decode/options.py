@@ -6,6 +6,7 @@ import dataclasses
 import math
 import types
 import typing
+from collections.abc import Mapping
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -96,10 +97,15 @@ def _coerce(value: Any, tp: Any, key: str, owner: str) -> Any:
 
 def build(cls: type, options: dict[str, Any] | None, kind: str) -> Any:
     """Instantiate dataclass ``cls`` from ``options``; unknown keys and bad values raise ValueError."""
+    name = getattr(cls, "name", cls.__name__)
+    if options is not None and not isinstance(options, Mapping):
+        raise ValueError(
+            f"{kind} {name!r}: options must be a dict of option name -> value (e.g. {{'threshold': 0.9}}), "
+            f"got {type(options).__name__} {options!r}"
+        )
     options = dict(options or {})
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     unknown = sorted(set(options) - set(fields))
-    name = getattr(cls, "name", cls.__name__)
     if unknown:
         valid = ", ".join(sorted(fields)) or "(none)"
         raise ValueError(f"{kind} {name!r} has no option(s) {', '.join(unknown)}; valid options: {valid}")

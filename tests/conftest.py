@@ -29,6 +29,19 @@ REPO = Path(__file__).resolve().parent.parent
 SHARED_DATA = Path(os.environ.get("DLM_PARALLELBENCH_DATA") or REPO.parent / "shared" / "data" / "parallelbench")
 
 
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
+    """One hint line when tests skipped for want of the official ParallelBench data (they say "ParallelBench" in
+    their skip reason), so a fresh clone knows why and how to run them."""
+    if SHARED_DATA.is_dir():
+        return
+    n = sum("ParallelBench" in str(r.longrepr) for r in terminalreporter.stats.get("skipped", []))
+    if n:
+        terminalreporter.write_line(
+            f"{n} test{'s' if n != 1 else ''} skipped: no official ParallelBench data at {SHARED_DATA}; put the "
+            "files in ../shared/data/parallelbench beside the repository, or point DLM_PARALLELBENCH_DATA at them"
+        )
+
+
 def decode_small(model, prompts, sampler, cache, **kw):
     """``dlm_decode.generate`` at the small sizes the decode-path tests share: gen 24 in blocks of 8, ``threshold``
     at 0.5 (at 0.9 the tiny random checkpoints commit one slot per step), ``low_confidence`` one token per step."""

@@ -7,25 +7,20 @@ import json
 import math
 import re
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from checkpoints import EOS, MASK, write_tokenizer
+from conftest import SHARED_DATA
 from safetensors.torch import load_file
 
 import dlm_decode
-
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "recipes"))
-
-from certainty_forcing import train as cf_train  # noqa: E402
-from certainty_forcing.evaluate import one_per_step, parallel_decoding  # noqa: E402
-from certainty_forcing.lora import LORA_TARGETS, add_lora, export, merge  # noqa: E402
-from certainty_forcing.losses import certainty_forcing_loss, view_terms  # noqa: E402
-from certainty_forcing.masking import complementary_views, example_ratios, example_uniforms  # noqa: E402
-from conftest import SHARED_DATA  # noqa: E402
+from recipes.certainty_forcing import train as cf_train
+from recipes.certainty_forcing.evaluate import one_per_step, parallel_decoding
+from recipes.certainty_forcing.lora import LORA_TARGETS, add_lora, export, merge
+from recipes.certainty_forcing.losses import certainty_forcing_loss, view_terms
+from recipes.certainty_forcing.masking import complementary_views, example_ratios, example_uniforms
 
 
 def left_padded(prompt_lens, resp_lens, pad=EOS, seed=0):
@@ -313,7 +308,7 @@ def test_training_lowers_the_loss(llada_tok_dir, tmp_path):
         sample = json.loads((SHARED_DATA / "waiting_line" / "copy.jsonl").read_text().splitlines()[0])
         row = {"task": "waiting_line/copy", "sample": json.dumps(sample), "messages": "[]", "max_new_tokens": 32}
         (traj / "heldout.jsonl").write_text(json.dumps(row) + "\n")
-        extra = ["--eval-every", "8", "--eval-per-task", "1", "--data-dir", str(SHARED_DATA)]
+        extra = ["--eval-every", "8", "--eval-per-task", "1", "--data", str(SHARED_DATA)]
     summary = cf_train.main(train_args(llada_tok_dir, traj, tmp_path / "run", "--steps", "8", *extra))
     rows = cf_train.load_trajectories(traj / "train.jsonl")
     kw = dict(seed=9, step=0, mask_id=MASK, pad_id=EOS, arch="llada", beta=2.0)
@@ -371,6 +366,25 @@ def test_fewer_trajectories_than_a_batch_is_a_clear_error_before_loading(llada_t
     assert not (tmp_path / "run" / "log.jsonl").exists()
 
 
+def test_a_missing_parallelbench_directory_is_a_clear_error_before_loading(llada_tok_dir, tmp_path, monkeypatch):
+    from recipes.certainty_forcing import trajectories
+
+    def boom(*a, **k):
+        raise AssertionError("the model was loaded before the input error")
+
+    monkeypatch.setattr(dlm_decode, "load_model", boom)
+    monkeypatch.delenv("DLM_PARALLELBENCH_DATA", raising=False)
+    traj = write_trajectories(tmp_path / "traj", n=3)
+    with pytest.raises(ValueError, match=r"no ParallelBench data: pass --data DIR .* or set \$DLM_PARALLELBENCH_DATA"):
+        cf_train.main(train_args(llada_tok_dir, traj, tmp_path / "run", "--eval-every", "2"))
+    with pytest.raises(ValueError, match=r"no ParallelBench data"):
+        trajectories.main(["--model", str(llada_tok_dir), "--out", str(tmp_path / "t")])
+    monkeypatch.setenv("DLM_PARALLELBENCH_DATA", str(tmp_path / "nowhere"))
+    with pytest.raises(ValueError, match=r"\$DLM_PARALLELBENCH_DATA: ParallelBench data directory .*nowhere"):
+        trajectories.main(["--model", str(llada_tok_dir), "--out", str(tmp_path / "t")])
+    assert cf_train.parse_args(["--model", "m", "--traj", "x/traj-llada"]).out == "runs/certainty_forcing/llada"
+
+
 def test_interrupt_and_resume_is_bitwise_identical(dream_tok_dir, tmp_path):
     traj = write_trajectories(tmp_path / "traj", n=7)  # 2 batches of 3 per epoch (1 row dropped): crosses epochs
     cf_train.main(train_args(dream_tok_dir, traj, tmp_path / "full", "--steps", "5"))
@@ -392,9 +406,7 @@ def test_interrupt_and_resume_is_bitwise_identical(dream_tok_dir, tmp_path):
 @pytest.mark.skipif(not (SHARED_DATA / "waiting_line").is_dir(), reason="needs the ParallelBench task configs")
 @pytest.mark.parametrize("accept", [True, False])
 def test_trajectories_keep_only_verified_answers(accept, llada_tok_dir, tmp_path, monkeypatch):
-    from certainty_forcing import trajectories
-
-    import dlm_decode.parallelbench.metrics as metrics
+    from recipes.certainty_forcing import trajectories
 
     calls = []
 
@@ -402,9 +414,9 @@ def test_trajectories_keep_only_verified_answers(accept, llada_tok_dir, tmp_path
         calls.append(task)
         return {"score": 1.0 if accept else 0.0, "score_strict": 0.0}
 
-    monkeypatch.setattr(metrics, "score_sample", fake_score)
+    monkeypatch.setattr(trajectories, "score_sample", fake_score)
     out = tmp_path / "traj"
-    argv = ["--model", str(llada_tok_dir), "--out", str(out), "--data-dir", str(SHARED_DATA), "--n-per-task", "3"]
+    argv = ["--model", str(llada_tok_dir), "--out", str(out), "--data", str(SHARED_DATA), "--n-per-task", "3"]
     trajectories.main([*argv, "--heldout-per-task", "2", "--tasks", "waiting_line/copy", "waiting_line/sort"])
     rows = trajectories.read_jsonl(out / "train.jsonl")
     held = trajectories.read_jsonl(out / "heldout.jsonl")
@@ -426,9 +438,7 @@ def test_trajectories_keep_only_verified_answers(accept, llada_tok_dir, tmp_path
 def test_trajectories_with_eta_keep_the_parallel_answer_and_fall_back_one_token_per_step(
     llada_tok_dir, tmp_path, monkeypatch
 ):
-    from certainty_forcing import trajectories
-
-    import dlm_decode.parallelbench.metrics as metrics
+    from recipes.certainty_forcing import trajectories
 
     calls = []
 
@@ -436,9 +446,9 @@ def test_trajectories_with_eta_keep_the_parallel_answer_and_fall_back_one_token_
         calls.append(text)
         return {"score": 1.0 if len(calls) in (1, 4) else 0.0, "score_strict": 0.0}
 
-    monkeypatch.setattr(metrics, "score_sample", fake_score)
+    monkeypatch.setattr(trajectories, "score_sample", fake_score)
     out = tmp_path / "traj"
-    argv = ["--model", str(llada_tok_dir), "--out", str(out), "--data-dir", str(SHARED_DATA), "--n-per-task", "3"]
+    argv = ["--model", str(llada_tok_dir), "--out", str(out), "--data", str(SHARED_DATA), "--n-per-task", "3"]
     trajectories.main([*argv, "--heldout-per-task", "1", "--tasks", "waiting_line/copy", "--eta", "0.5"])
     rows = trajectories.read_jsonl(out / "train.jsonl")
     meta = json.loads((out / "meta.json").read_text())
@@ -458,7 +468,7 @@ def test_trajectories_with_eta_keep_the_parallel_answer_and_fall_back_one_token_
 
 @pytest.mark.skipif(not SHARED_DATA.is_dir(), reason="official ParallelBench data not present")
 def test_one_per_step_reference_decodes_each_task_at_its_own_length():
-    from certainty_forcing.evaluate import official_tasks, one_per_step_results
+    from recipes.certainty_forcing.evaluate import official_tasks, one_per_step_results
 
     model, tok = dlm_decode.load_model("demo-llada")
     tasks = official_tasks(SHARED_DATA, ["waiting_line/copy", "puzzle/sudoku_n4_12"], limit=2)
@@ -471,7 +481,7 @@ def test_one_per_step_reference_decodes_each_task_at_its_own_length():
 
 
 def test_equal_score_ratios_by_hand():
-    from certainty_forcing.evaluate import equal_score_ratios, equal_score_table
+    from recipes.certainty_forcing.evaluate import equal_score_ratios, equal_score_table
 
     def pt(score, nfe):
         return {"score": score, "nfe": nfe, "tokens_per_step": 32 / nfe}
@@ -498,7 +508,7 @@ def test_equal_score_ratios_by_hand():
 def test_reuse_takes_an_earlier_result_only_when_it_matches(tmp_path):
     from types import SimpleNamespace
 
-    from certainty_forcing import evaluate
+    from recipes.certainty_forcing import evaluate
 
     tasks = [SimpleNamespace(name="waiting_line/copy", samples=[1, 2, 3])]
     res = {"path": "p", "eta=0.5": {"score": 90.0, "nfe": 2.0, "tasks": {"waiting_line/copy": {"n": 3}}}}
@@ -516,13 +526,13 @@ def test_reuse_takes_an_earlier_result_only_when_it_matches(tmp_path):
     with pytest.raises(ValueError, match="no such file"):
         evaluate.reuse_results(f"{tmp_path / 'none.json'}:base", tasks, [0.5])
     with pytest.raises(ValueError, match="model names must differ"):
-        evaluate.main(["--reuse", f"{f}:base", "--model", "base=x", "--data-dir", str(tmp_path)])
+        evaluate.main(["--reuse", f"{f}:base", "--model", "base=x", "--data", str(tmp_path)])
     with pytest.raises(ValueError, match="model names must differ"):
-        evaluate.main(["--reuse", f"{f}:base", "--reuse", f"base={f}:other", "--data-dir", str(tmp_path)])
+        evaluate.main(["--reuse", f"{f}:base", "--reuse", f"base={f}:other", "--data", str(tmp_path)])
 
 
 def test_curves_read_the_periodic_evaluations_and_plot(tmp_path):
-    from certainty_forcing import curves
+    from recipes.certainty_forcing import curves
 
     run = tmp_path / "run"
     run.mkdir()
@@ -553,7 +563,7 @@ def test_curves_read_the_periodic_evaluations_and_plot(tmp_path):
 
 
 def test_evaluate_plots_score_against_parallelism_and_nfe(tmp_path):
-    from certainty_forcing.evaluate import plot
+    from recipes.certainty_forcing.evaluate import plot
 
     def pt(score, nfe):
         return {"score": score, "nfe": nfe, "tokens_per_step": 32 / nfe}

@@ -106,6 +106,25 @@ def test_text_prompts_with_chat_template(llada_dir, tmp_path, capsys):
     assert all(isinstance(r["text"], str) for r in out["rows"])
 
 
+def test_prompts_after_options(llada_dir, tmp_path, capsys):
+    """argparse gives PROMPT an empty list when an option follows MODEL; texts after the options are still prompts,
+    in order, and decode as the same texts given before the options; an unknown option after them is still refused."""
+    path = tmp_path / "withtok"
+    shutil.copytree(llada_dir, path)
+    write_tokenizer(path)
+    before = ["generate", str(path), "w7 w8 w9", "w10", "--chat", "--gen-length", "8", "--json"]
+    after = ["generate", str(path), "--chat", "w7 w8 w9", "--gen-length", "8", "w10", "--json"]
+    assert main(before) == 0
+    want = json.loads(capsys.readouterr().out)["rows"]
+    assert main(after) == 0
+    got = json.loads(capsys.readouterr().out)["rows"]
+    assert [r["prompt_ids"] for r in got] == [r["prompt_ids"] for r in want] and len(got) == 2
+    assert [r["generated_ids"] for r in got] == [r["generated_ids"] for r in want]
+    with pytest.raises(SystemExit) as e:
+        main(["generate", str(path), "--chat", "w7", "--no-such-flag"])
+    assert e.value.code == 2 and "unrecognized arguments: --no-such-flag" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     "args,needle",
     [

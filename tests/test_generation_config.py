@@ -41,6 +41,7 @@ def test_reader_without_a_file_or_keys_sets_nothing(llada_dir, tmp_path):
         ('{"block_length": "32"}', r"generation_config.json: block_length must be a positive integer, got '32'"),
         ('{"steps": true}', r"generation_config.json: steps must be a positive integer, got True"),
         ('{"gen_length": 32, "block_length": 12}', r"gen_length \(32\) must be a multiple of block_length \(12\)"),
+        ('{"chat": "yes"}', r"generation_config.json: chat must be true or false, got 'yes'"),
     ],
 )
 def test_a_malformed_file_is_a_clear_error_before_loading(llada_dir, tmp_path, capsys, text, match):
@@ -100,4 +101,34 @@ def test_runner_keeps_the_task_gen_length_and_takes_the_checkpoint_block(with_co
 @pytest.mark.parametrize("name", ["demo-llada", "demo-dream"])
 def test_demo_models_carry_their_trained_lengths(name):
     """Both decode at the length their answers were padded to in training (32 for the waiting line)."""
-    assert read_generation_defaults(demo_model_path(name)) == GenerationDefaults(gen_length=32, block_length=32)
+    want = GenerationDefaults(gen_length=32, block_length=32, chat=True)
+    assert read_generation_defaults(demo_model_path(name)) == want
+
+
+COPY_PROMPT = (
+    "You are managing a waiting line at a customer service desk.\n"
+    "You need to record the following people in the order they arrived:\n"
+    '["Mary Johnson", "David Smith", "Lisa Brown"]\n'
+    "Please copy the list exactly and provide only the final list.\n"
+)
+
+
+@pytest.mark.parametrize("name", ["demo-llada", "demo-dream"])
+def test_demo_model_answers_a_plain_prompt_with_no_flags(name, capsys):
+    """`dlm-decode generate demo-llada "<prompt>"`: the checkpoint's chat and length defaults make it answer."""
+    assert main(["generate", name, COPY_PROMPT]) == 0
+    assert '["Mary Johnson", "David Smith", "Lisa Brown"]' in capsys.readouterr().out
+    # --no-chat overrides the checkpoint: the bare text is not the model's format, and the answer is not the list
+    assert main(["generate", name, COPY_PROMPT, "--no-chat"]) == 0
+    assert '["Mary Johnson", "David Smith", "Lisa Brown"]' not in capsys.readouterr().out
+
+
+def test_chat_default_follows_the_checkpoint_unless_given(llada_dir, tmp_path):
+    tok = dlm_decode.models.loading.load_tokenizer("demo-llada")
+    model, _ = dlm_decode.load_model("demo-llada", tokenizer=False)
+    plain = dlm_decode.generate(model, [COPY_PROMPT], tokenizer=tok, chat=False).rows[0]
+    chat = dlm_decode.generate(model, [COPY_PROMPT], tokenizer=tok).rows[0]
+    explicit = dlm_decode.generate(model, [COPY_PROMPT], tokenizer=tok, chat=True).rows[0]
+    assert chat.prompt_ids == explicit.prompt_ids != plain.prompt_ids
+    with pytest.raises(ValueError, match="chat must be True, False or None"):
+        dlm_decode.generate(model, [COPY_PROMPT], tokenizer=tok, chat="yes")

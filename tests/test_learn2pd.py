@@ -3,9 +3,7 @@ length checks, and the recipe end to end on a tiny checkpoint."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,19 +14,9 @@ import dlm_decode
 from dlm_decode.decode.oracle import oracle_generate
 from dlm_decode.samplers.learned_filter import FilterMLP, filter_config, load_filter, save_filter
 from dlm_decode.samplers.oracle import Oracle
+from recipes.learn2pd import oracle_data, rounds, train_filter
 
 V, MASK, EOS = 16, 15, 1
-RECIPE = Path(__file__).resolve().parent.parent / "recipes" / "learn2pd"
-
-
-def _recipe(name: str):
-    key = f"learn2pd_{name}"
-    if key not in sys.modules:
-        spec = importlib.util.spec_from_file_location(key, RECIPE / f"{name}.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[key] = module
-        spec.loader.exec_module(module)
-    return sys.modules[key]
 
 
 def truth(i: int) -> int:
@@ -90,7 +78,7 @@ def test_oracle_batches_rows_independently(llada):
 
 
 def test_fit_filter_lowers_the_loss_and_learns_the_rule():
-    fit = _recipe("train_filter")
+    fit = train_filter
     g = torch.Generator().manual_seed(0)
     conf = torch.rand(512, 8, generator=g)
     label = (conf > 0.6).float()
@@ -120,7 +108,7 @@ def test_filter_round_trip_and_checks(tmp_path):
 
 
 def test_recipe_end_to_end_on_a_tiny_checkpoint(llada, llada_dir, tmp_path):
-    data, fit = _recipe("oracle_data"), _recipe("train_filter")
+    data, fit = oracle_data, train_filter
     assert len(data.model_sha256(str(llada_dir))) == 64
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("\n".join(json.dumps({"prompt": p}) for p in ["w5 w9 w17", "w7 w2", "w11 w30 w8 w19"]))
@@ -149,7 +137,7 @@ def test_shipped_demo_filter_matches_the_shipped_model(name):
     if not (shipped / "learn2pd_filter.safetensors").is_file():
         pytest.skip(f"no Learn2PD filter shipped with {name}")
     cfg = filter_config(shipped / "learn2pd_filter.safetensors")
-    assert cfg["data"]["model_sha256"] == _recipe("oracle_data").model_sha256(str(shipped)), (
+    assert cfg["data"]["model_sha256"] == oracle_data.model_sha256(str(shipped)), (
         f"the {name} weights changed since its Learn2PD filter was trained; retrain it with "
         f"`bash recipes/learn2pd/ship_demo.sh {name}`"
     )
@@ -219,7 +207,7 @@ def trap_model(prompt_len: int = 2):
 
 
 def test_policy_records_follow_the_filters_own_trajectory(tmp_path):
-    data = _recipe("oracle_data")
+    data = oracle_data
     flt = step_filter(tmp_path / "flt", 4, 0.5)
     kw = dict(gen_length=4, block_length=4)
     ref, out, (conf, label) = data.policy_generate(trap_model(), [[3, 4]], policy=flt, **kw)
@@ -244,7 +232,7 @@ def test_policy_records_follow_the_filters_own_trajectory(tmp_path):
 
 
 def test_policy_records_of_a_filter_that_accepts_nothing_are_one_token_per_step(tmp_path):
-    data = _recipe("oracle_data")
+    data = oracle_data
     flt = step_filter(tmp_path / "never", 4, 2.0)
     ref, out, (conf, label) = data.policy_generate(chain_model(8), [[3, 4], [3, 4]], policy=flt, gen_length=8,
                                                    block_length=4)  # fmt: skip
@@ -257,7 +245,7 @@ def test_policy_records_of_a_filter_that_accepts_nothing_are_one_token_per_step(
 
 
 def test_policy_records_batch_rows_independently(llada, tmp_path):
-    data = _recipe("oracle_data")
+    data = oracle_data
     flt = step_filter(tmp_path / "flt", 8, 0.5)
     prompts = [[5, 9, 17, 3, 40, 22], [7, 2, 33]]
     _, batch, (conf, label) = data.policy_generate(llada, prompts, policy=flt, gen_length=16, block_length=8)
@@ -273,10 +261,10 @@ def test_policy_records_batch_rows_independently(llada, tmp_path):
 
 
 def test_policy_option_refuses_bad_filters_before_decoding(llada_dir, tmp_path):
-    data = _recipe("oracle_data")
+    data = oracle_data
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(json.dumps({"prompt": "w5 w9"}) + "\n")
-    argv = ["--model", str(llada_dir), "--data", str(prompts), "--block-length", "8", "--out", str(tmp_path / "r")]
+    argv = ["--model", str(llada_dir), "--prompts", str(prompts), "--block-length", "8", "--out", str(tmp_path / "r")]
     with pytest.raises(ValueError, match="learned filter not found"):
         data.main([*argv, "--policy", str(tmp_path / "missing.safetensors")])
     flt = step_filter(tmp_path / "b4", 4, 0.5)
@@ -299,7 +287,7 @@ def _records(path: Path, n: int, block: int, **meta) -> str:
 
 
 def test_train_filter_on_several_record_files(tmp_path):
-    fit = _recipe("train_filter")
+    fit = train_filter
     a = _records(tmp_path / "a", 40, 8, model_sha256="s", model="m")
     b = _records(tmp_path / "b", 30, 8, model_sha256="s", policy="f0.safetensors", policy_eotp=False)
     one = fit.main(["--data", a, "--out", str(tmp_path / "f1"), "--epochs", "5"])
@@ -320,11 +308,11 @@ def test_train_filter_on_several_record_files(tmp_path):
 
 
 def test_rounds_loop_writes_every_round(tok_dir, tmp_path):
-    data, fit, rounds = _recipe("oracle_data"), _recipe("train_filter"), _recipe("rounds")
+    data, fit = oracle_data, train_filter
     prompts = tmp_path / "prompts.jsonl"
     words = ["w5 w9 w17", "w7 w2", "w11 w30 w8 w19", "w6 w12", "w20 w21 w22", "w9 w9"]
     prompts.write_text("\n".join(json.dumps({"prompt": p}) for p in words))
-    common = ["--model", str(tok_dir), "--data", str(prompts), "--gen-length", "16", "--block-length", "8"]
+    common = ["--model", str(tok_dir), "--prompts", str(prompts), "--gen-length", "16", "--block-length", "8"]
     work = tmp_path / "work"
     res = rounds.main(
         [*common, "--rounds", "1", "--epochs", "20", "--work", str(work), "--out", str(tmp_path / "last")]
@@ -343,3 +331,32 @@ def test_rounds_loop_writes_every_round(tok_dir, tmp_path):
     fit.main(["--data", str(tmp_path / "plain"), "--out", str(tmp_path / "plain_f"), "--epochs", "20"])
     assert (tmp_path / "plain.safetensors").read_bytes() == (work / "records_0.safetensors").read_bytes()
     assert (tmp_path / "plain_f.safetensors").read_bytes() == (work / "filter_0.safetensors").read_bytes()
+
+
+def test_prompt_sets_are_fresh_samples_never_an_official_one(tmp_path, monkeypatch):
+    from conftest import SHARED_DATA
+
+    from dlm_decode.parallelbench.generator import sample_key
+    from dlm_decode.parallelbench.tasks import load_task
+    from recipes.learn2pd import prompts
+
+    pytest.importorskip("datasets")
+    if not (SHARED_DATA / "waiting_line").is_dir():
+        pytest.skip("needs the ParallelBench task configs")
+    monkeypatch.delenv("DLM_PARALLELBENCH_DATA", raising=False)
+    with pytest.raises(ValueError, match="no ParallelBench data: pass --data DIR"):
+        prompts.main(["--out", str(tmp_path / "x")])
+    prompts.main(["--data", str(SHARED_DATA), "--out", str(tmp_path / "p"), "--n-train", "4", "--n-eval", "2"])
+    rows = {split: oracle_data.load_prompts(tmp_path / "p", split, None) for split in ("train", "eval")}
+    from datasets import load_from_disk
+
+    ds = load_from_disk(str(tmp_path / "p"))
+    assert len(ds["eval"]) <= 2 * len(prompts.TASKS) and len(rows["eval"]) == len(ds["eval"])
+    assert sum(r["task"] == "waiting_line/sort" for r in ds["train"]) <= 6  # weight 1.5
+    for split in ("train", "eval"):
+        keys = {(r["task"], sample_key(json.loads(r["sample"]))) for r in ds[split]}
+        for task in prompts.TASKS:
+            official = {sample_key(s) for s in load_task(SHARED_DATA, task).samples}
+            assert not {k for t, k in keys if t == task} & official
+    eval_keys = {(r["task"], sample_key(json.loads(r["sample"]))) for r in ds["eval"]}
+    assert not eval_keys & {(r["task"], sample_key(json.loads(r["sample"]))) for r in ds["train"]}

@@ -64,7 +64,7 @@ def test_cli_table_json_limit_and_text_task_notice(tok_dir, capsys):
     )
     assert rc == 0
     cap = capsys.readouterr()
-    assert "words_to_sentence/easy not scored (skipped)" in cap.err
+    assert "1 task not scored (skipped): words_to_sentence/easy:" in cap.err
     table = cap.out.splitlines()
     assert table[0].split()[:7] == ["task", "n", "score", "strict", "NFE", "tok/step", "seconds"]
     assert any(line.startswith("words_to_sentence/easy") and "skipped" in line for line in table)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -58,29 +59,30 @@ def test_run_script_lets_bugs_raise():
 
 
 @pytest.mark.parametrize(
-    ("script", "args", "message"),
+    ("module", "args", "message"),
     [
         (
-            "recipes/certainty_forcing/trajectories.py",
+            "recipes.certainty_forcing.trajectories",
             ["--model", "demo-llada", "--out", "unused", "--seed", "5", "--heldout-seed", "5"],
             "certainty_forcing/trajectories.py: error: --seed and --heldout-seed must differ",
         ),
         (
-            "recipes/train_demo/train.py",
-            ["--parallelbench", "unused", "--tokenizer", "no/such/dir", "--out", "unused"],
-            "train.py: error: --tokenizer: no/such/dir holds no tokenizer.json (tokenizer.py writes the directory)",
+            "recipes.train_demo.train",
+            ["--config", "no/such.yaml", "--out", "unused"],
+            "train_demo/train.py: error: --config: no/such.yaml is not a file",
         ),
         (
-            "recipes/learn2pd/train_filter.py",
+            "recipes.learn2pd.train_filter",
             ["--data", "no/such/records", "--out", "unused"],
             "learn2pd/train_filter.py: error: no/such/records: records no/such/records.safetensors not found "
             "(oracle_data.py --out no/such/records writes them)",
         ),
     ],
 )
-def test_recipe_scripts_answer_a_bad_input_with_one_line(tmp_path, script, args, message):
+def test_recipe_scripts_answer_a_bad_input_with_one_line(tmp_path, module, args, message):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}  # the recipes run as modules of the repository
     proc = subprocess.run(
-        [sys.executable, str(ROOT / script), *args], cwd=tmp_path, capture_output=True, text=True, timeout=300
+        [sys.executable, "-m", module, *args], cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env
     )
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr

@@ -116,14 +116,14 @@ def test_ctrl_c_in_a_sweep_says_where_the_rows_are_and_resumes(tok_dir, tmp_path
     assert _main(argv) == 130
     err = capsys.readouterr().err
     assert "Traceback" not in err
-    assert f"dlm-decode parallelbench: interrupted: 1 rows in {out}" in err and "rerun the same command" in err
+    assert f"dlm-decode parallelbench: interrupted: 1 row in {out}" in err and "rerun the same command" in err
     assert len(read_rows(out)) == 1
     monkeypatch.undo()
     lines = out.read_text().splitlines()  # a half-written last line (killed mid-write) is dropped on resume
     out.write_text(lines[0] + "\n" + lines[0][:40])
     assert _main(argv) == 0
     err = capsys.readouterr().err
-    assert f"dropped a half-written last line of {out}" in err and "1 rows done, 2 to run" in err
+    assert f"dropped a half-written last line of {out}" in err and "1 row done, 2 to run" in err
     rows = [json.loads(ln) for ln in out.read_text().splitlines()]
     assert sorted(r["config"]["k"] for r in rows) == [1, 4, 8]
 

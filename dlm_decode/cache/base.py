@@ -38,10 +38,18 @@ class StepPlan:
 class CachePolicy:
     name: ClassVar[str] = "base"
     uses_store: ClassVar[bool] = True
+    # True: the policy has a rule for block-causal models (LLaDA2); the others are refused before any work
+    block_causal_rule: ClassVar[bool] = False
 
     def check(self, config: DecodeConfig, sampler: Any, facts: Any) -> None:
         """Validate against the decoding config, the sampler and the model's ``core.inputs.ModelFacts`` (None when
-        unknown), before any work."""
+        unknown), before any work. Subclasses that override it call it too."""
+        if facts is not None and getattr(facts, "block_causal", False) and not self.block_causal_rule:
+            raise ValueError(
+                f"cache {self.name!r} does not apply to the block-causal model {facts.model_type!r}: a finished "
+                "block's keys and values never change there, so its cache is exact; use --cache prefix (the "
+                "default for these models: finished blocks cached exactly, no extra forward) or none"
+            )
 
     def begin_block(self, state: DecodeState) -> None:
         """Called at each block start (after the sampler's ``begin_block``)."""

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from dlm_decode.cache.base import CachePolicy, StepPlan
-from dlm_decode.cache.plans import full_plan
+from dlm_decode.cache.plans import block_causal_window, full_plan
 from dlm_decode.core.state import DecodeState
 
 
@@ -16,6 +16,9 @@ class NoCache(CachePolicy):
 
     name: ClassVar[str] = "none"
     uses_store: ClassVar[bool] = False
+    block_causal_rule: ClassVar[bool] = True
 
     def plan(self, state: DecodeState, region: tuple[int, int]) -> StepPlan:
+        if state.inputs.block_causal:  # later blocks are invisible: the window up to the block's end, as the reference
+            return block_causal_window(state, region)
         return full_plan(state)

@@ -103,3 +103,21 @@ def keys_from_mask(keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     counts = keys.sum(1, keepdim=True)
     visible = torch.arange(index.shape[1], device=keys.device)[None, :] < counts
     return index, visible
+
+
+def block_causal_window(state: DecodeState, region: tuple[int, int]) -> StepPlan:
+    """No cache on a block-causal model: every slot up to the widest block end (later blocks are invisible to it)."""
+    return StepPlan(compute=slice(0, region[1]), key_mask=state.key_mask(), refresh=True)
+
+
+def exact_block_plan(state: DecodeState, region: tuple[int, int]) -> StepPlan:
+    """The exact K/V cache of a block-causal model, with no extra forward: each step recomputes the row's current
+    grid block (its prompt slots too: they attend to the block's answer); a block's first step also recomputes the
+    previous block (the call's first step: everything before), whose final K/V are written there, exactly."""
+    end = state.block_end  # [B] the grid block's end
+    grid_start = end - state.block_length  # [B]
+    if state.block_step == 0:
+        grid_start = (grid_start - state.block_length).clamp(min=0) if state.block_index else grid_start * 0
+    idx = slots(state)[None, :]
+    need = (idx >= grid_start[:, None]) & (idx < end[:, None])  # [B, T]
+    return StepPlan(compute=compute_from_mask(need, state, region), key_mask=state.key_mask())

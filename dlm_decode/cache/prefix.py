@@ -14,6 +14,11 @@ slot (Fast-dLLM's Dream code instead shifts inside the recomputed window, so the
 its own hidden state); rows whose blocks start at different slots (variable blocks) each compute from their own
 start. ``refresh_interval`` (not in the reference; default off) adds full refreshes every that many steps of a block;
 1 reproduces decoding without a cache.
+
+On a block-causal model (LLaDA2) the same name is the **exact** cache of finished blocks (``plans.exact_block_plan``,
+the default there): every step computes the current grid block against the stored earlier blocks, and a block's
+first step also recomputes the previous block, so its final K/V are written without the extra forward per block
+that dInfer's and SDAR's cached loops spend. Same tokens and no more forwards than the uncached reference.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from dlm_decode.cache.base import CachePolicy, StepPlan
 from dlm_decode.cache.plans import (
     block_starts,
     compute_from_mask,
+    exact_block_plan,
     full_plan,
     refresh_due,
     region_mask,
@@ -40,11 +46,21 @@ class PrefixCache(CachePolicy):
     refresh_interval: int | None = None  # extra full refreshes every N steps of a block (None: block start only)
 
     name: ClassVar[str] = "prefix"
+    block_causal_rule: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         check_count(f"cache {self.name!r}", "refresh_interval", self.refresh_interval, optional=True)
 
+    def check(self, config, sampler, facts) -> None:
+        super().check(config, sampler, facts)
+        if self.refresh_interval is not None and facts is not None and facts.block_causal:
+            raise ValueError(
+                "cache 'prefix': refresh_interval does not apply to a block-causal model (its cache is exact)"
+            )
+
     def plan(self, state: DecodeState, region: tuple[int, int]) -> StepPlan:
+        if state.inputs.block_causal:
+            return exact_block_plan(state, region)
         if refresh_due(state, self.refresh_interval):
             return full_plan(state)
         starts = block_starts(state) - state.logit_shift  # [B]

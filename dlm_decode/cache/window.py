@@ -20,7 +20,7 @@ cached window; only the active masks may be committed (``StepPlan.candidates``).
   the slots just computed. With ``window_tokens`` >= the masks left this is the full forward. It is much cheaper on
   long generations, but the model no longer sees how many masks remain: on demo-llada (gen 256, block 32) it kept
   only 28% of the no-cache tokens and ``threshold`` needed 2.2x the forwards, so it is not
-  the default for either model (``benchmarks/results/caches-window-prune.md``).
+  the default for either model (record ``benchmarks/results/caches-window-prune.md`` of commit ba619d8).
 
 Differences, on purpose: the reference has no blocks; here phases restart at every block start (with the reference's
 single block, ``block_length = gen_length``, that is the same) so a row decodes alike alone and in a batch. Queries

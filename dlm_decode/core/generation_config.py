@@ -3,7 +3,9 @@
     {"gen_length": 32, "block_length": 32}            # e.g. a model trained on 32-token answers
 
 The keys (all optional, positive integers): ``gen_length`` (generation slots after the prompt), ``block_length`` and
-``steps`` (the total step budget of fixed-budget samplers). Any other key of the file (transformers' ``bos_token_id``,
+``steps`` (the total step budget of fixed-budget samplers), and ``chat`` (true or false: whether a plain text prompt is
+wrapped as one user turn of the chat template when the caller does not say; for models trained on chat prompts
+only, such as the shipped demo models). Any other key of the file (transformers' ``bos_token_id``,
 ...) is left alone. ``read_generation_defaults`` is the one reader; ``fill_lengths`` the one rule for using them
 (``decode.request.check_request`` applies it, so ``generate``, the CLI and the ParallelBench runner get the same; the
 lm-eval plugin sets every length itself): a length the caller gives always wins; an unset gen length takes the
@@ -32,6 +34,7 @@ class GenerationDefaults:
     gen_length: int | None = None
     block_length: int | None = None
     steps: int | None = None
+    chat: bool | None = None  # text prompts as chat turns by default (None: the file does not say)
 
 
 def read_generation_defaults(checkpoint_dir: str | Path | None) -> GenerationDefaults:
@@ -47,10 +50,13 @@ def read_generation_defaults(checkpoint_dir: str | Path | None) -> GenerationDef
     for k, v in values.items():
         if v is not None and (not is_int(v) or v < 1):
             raise ValueError(f"{path}: {k} must be a positive integer, got {v!r}")
+    chat = data.get("chat")
+    if chat is not None and not isinstance(chat, bool):
+        raise ValueError(f"{path}: chat must be true or false, got {chat!r}")
     gen, block = values["gen_length"], values["block_length"]
     if gen is not None and block is not None and (block > gen or gen % block):
         raise ValueError(f"{path}: gen_length ({gen}) must be a multiple of block_length ({block})")
-    return GenerationDefaults(**values)
+    return GenerationDefaults(**values, chat=chat)
 
 
 def fill_lengths(
@@ -73,3 +79,12 @@ def fill_lengths(
         gen = gen_length if gen_length is not None else DecodeConfig.gen_length  # the config's own default
         out["block_length"] = min(defaults.block_length, gen)
     return out
+
+
+def resolve_chat(defaults: GenerationDefaults, chat: bool | None) -> bool:
+    """Whether text prompts are chat turns: the caller's choice, else the checkpoint's ``chat``, else False."""
+    if chat is not None:
+        if not isinstance(chat, bool):
+            raise ValueError(f"chat must be True, False or None, got {chat!r}")
+        return chat
+    return bool(defaults.chat)

@@ -32,6 +32,9 @@ class ModelFacts:
     checkpoint_dir: str | None = None
     # the decoding lengths its ``generation_config.json`` sets (``core.generation_config``)
     generation: GenerationDefaults = field(default_factory=GenerationDefaults)
+    # block-causal attention (LLaDA2): decoded block by block on the absolute position grid, exact K/V of finished
+    # blocks (``models.common.DiffusionLMMixin.block_causal``)
+    block_causal: bool = False
 
     @classmethod
     def of_model(cls, model: Any) -> ModelFacts:
@@ -43,6 +46,7 @@ class ModelFacts:
                 max_length=int(model.max_sequence_length),
                 model_type=str(getattr(model.config, "model_type", type(model).__name__)),
                 sampling_defaults=dict(getattr(model, "sampling_defaults", {}) or {}),
+                block_causal=bool(getattr(model, "block_causal", False)),
             ),
             _checkpoint_dir(model),
         )
@@ -75,10 +79,12 @@ def encode_prompts(prompts: Sequence[Prompt] | torch.Tensor, tokenizer: Any | No
         if isinstance(p, str) or (isinstance(p, Sequence) and p and isinstance(p[0], dict)):
             if tokenizer is None:
                 raise ValueError(f"prompt {i} is text but no tokenizer was given; pass token ids or a tokenizer")
+            if isinstance(p, str) and not p.strip():  # even as a chat turn: an empty question is a mistake
+                raise ValueError(f"prompt {i} is empty text; every row needs a prompt")
             if isinstance(p, str) and not chat:
-                out.append(list(tokenizer(p)["input_ids"]))
+                out.append(list(tokenizer(_text(p, f"prompt {i}"))["input_ids"]))
                 continue
-            msgs = [{"role": "user", "content": p}] if isinstance(p, str) else list(p)
+            msgs = [{"role": "user", "content": _text(p, f"prompt {i}")}] if isinstance(p, str) else _chat(p, i)
             text = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
             out.append(list(tokenizer(text, add_special_tokens=False)["input_ids"]))
         elif isinstance(p, torch.Tensor):
@@ -92,6 +98,39 @@ def encode_prompts(prompts: Sequence[Prompt] | torch.Tensor, tokenizer: Any | No
             raise ValueError(
                 f"prompt {i}: expected text, a chat (list of messages) or token ids, got {type(p).__name__}"
             )
+    return out
+
+
+CHAT_ROLES = ("system", "user", "assistant")
+
+
+def _text(text: str, what: str) -> str:
+    """``text`` when it is valid Unicode; a command-line argument of undecodable bytes (Python keeps them as lone
+    surrogates) is an error, not a tokenizer traceback."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(
+            f"{what} is not valid UTF-8 text (undecodable byte at character {e.start}; was it typed in another "
+            "encoding?)"
+        ) from None
+    return text
+
+
+def _chat(messages: Sequence[Any], i: int) -> list[dict[str, str]]:
+    """A chat's messages, each ``{"role": system|user|assistant, "content": text}``; anything else is an error
+    (the chat templates would silently render an unknown role, or fail on a missing content)."""
+    out = []
+    for j, m in enumerate(messages):
+        where = f"prompt {i}, message {j}"
+        if not isinstance(m, dict):
+            raise ValueError(f"{where}: a chat message is a dict with 'role' and 'content', got {type(m).__name__}")
+        if m.get("role") not in CHAT_ROLES:
+            raise ValueError(f"{where}: role {m.get('role')!r} is not one of {', '.join(CHAT_ROLES)}")
+        if not isinstance(m.get("content"), str):
+            got = "no 'content'" if "content" not in m else f"content {m['content']!r}"
+            raise ValueError(f"{where}: a chat message needs 'content' text, got {got}")
+        out.append(m | {"content": _text(m["content"], where)})
     return out
 
 

@@ -40,6 +40,10 @@ class DecodeInputs:
     steps: int  # resolved total step budget of fixed-budget samplers
     key_mask: torch.Tensor | None = None  # [B, T] ``valid``, or None when no row is padded
     logit_shift: int = 0  # the model's: the hidden state predicting slot i sits at i - logit_shift (Dream: 1)
+    # block-causal models (LLaDA2): blocks lie on each row's absolute position grid, the attention is block-causal,
+    # and a row stops after the block that holds its first EOS (``decode.blocks``)
+    block_causal: bool = False
+    grid_offset: torch.Tensor | None = None  # [B] slot of position 0 in each row (its left padding)
 
 
 @dataclass

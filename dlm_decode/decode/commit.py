@@ -74,7 +74,7 @@ def cut(state: DecodeState, cut_at: torch.Tensor) -> None:
     rows = (cut_at >= 0) & ~state.finished
     gone = rows[:, None] & (idx[None, :] >= cut_at[:, None]) & (idx[None, :] >= state.prompt_len)  # [B, T]
     state.canvas.masked_fill_(gone, state.fill_id)
-    state.stats.trace.masked_fill_(gone[:, state.prompt_len :], -1)
+    state.stats.trace.masked_fill_(gone[:, state.prompt_len : state.prompt_len + state.gen_length], -1)
     state.gen_end = torch.where(rows, torch.minimum(state.gen_end, cut_at), state.gen_end)
     state.cursor.block_end = torch.minimum(state.cursor.block_end, state.gen_end)
 

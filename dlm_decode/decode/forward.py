@@ -152,15 +152,16 @@ def run_model(
             store_rows = torch.cat([store_rows, store_rows + state.batch])
     kv = None if store is None else KVAccess(store, rows=store_rows, write=plan.write)  # this forward's use of it
     graphs = active_graphs(model)  # ``models.graphs``: a fixed-shape step replayed as a CUDA graph
+    blocks = {"block_length": state.block_length} if state.inputs.block_causal else {}  # block-causal mask
     if plan.layers is not None:  # Elastic-Cache's depth-aware layers: eager, their compute set moves per layer
         logits = model.denoise(
             canvas, pos, compute=compute, region=region, store=kv, key_mask=km, key_index=ki, layers=plan.layers
         )
-    elif graphs is not None and graphs.takes(canvas, compute, kv, ki, read):
+    elif graphs is not None and not blocks and graphs.takes(canvas, compute, kv, ki, read):
         logits = graphs.run(model.denoise, canvas, pos, compute=compute, region=region, key_mask=km, key_index=ki)
     else:
         logits = model.denoise(
-            canvas, pos, compute=compute, region=region, store=kv, key_mask=km, key_index=ki, read=read
+            canvas, pos, compute=compute, region=region, store=kv, key_mask=km, key_index=ki, read=read, **blocks
         )
     if isinstance(compute, slice):
         c0, c1, _ = compute.indices(canvas.shape[1])

@@ -24,6 +24,7 @@ from tqdm.auto import tqdm
 
 from dlm_decode.cache import CachePolicy
 from dlm_decode.core.config import DecodeConfig
+from dlm_decode.core.generation_config import resolve_chat
 from dlm_decode.core.inputs import ModelFacts, Prompt, encode_prompts
 from dlm_decode.decode.loop import open_rows, run_block
 from dlm_decode.decode.output import GenerateOutput, build_output
@@ -40,10 +41,10 @@ def generate(
     prompts: list[Prompt] | torch.Tensor,
     *,
     tokenizer: Any | None = None,
-    chat: bool = False,
+    chat: bool | None = None,
     sampler: str | Sampler = "low_confidence",
     sampler_options: dict[str, Any] | None = None,
-    cache: str | CachePolicy | None = "none",
+    cache: str | CachePolicy | None = None,
     cache_options: dict[str, Any] | None = None,
     config: DecodeConfig | None = None,
     trace: bool = False,
@@ -54,22 +55,25 @@ def generate(
 ) -> GenerateOutput:
     """Decode a batch. ``prompts``: texts, chats, token-id lists, or a [B, P] tensor of ids (no padding).
 
-    Decoding options (``gen_length``, ``block_length``, ``steps``, ``temperature``, ``top_p``, ``top_k``, ``seed``,
-    ``stop_at_eos``, ``cfg_scale``) come as keywords or as a ``DecodeConfig``. Lengths left unset (or None) are the
-    checkpoint's own where its ``generation_config.json`` sets them (``core.generation_config``: the shipped demo
-    models decode at gen length 32), else gen length 128 and the sampler's block; given ones always win.
-    ``compile``: True or a
-    ``torch.compile`` mode compiles the layers' pieces (``models.compiled``), False decodes eagerly, None (default)
-    follows ``models.compiled.set_compile`` (eager unless set); the tokens are the eager path's.
-    ``cuda_graphs``: replay a block's fixed-shape steps as CUDA graphs on a GPU (``models.graphs``; no cache,
-    ``prefix``, ``dual``; counts in ``GenerateOutput.graphs``).
+        Decoding options (``gen_length``, ``block_length``, ``steps``, ``temperature``, ``top_p``, ``top_k``, ``seed``,
+        ``stop_at_eos``, ``cfg_scale``) come as keywords or as a ``DecodeConfig``. Lengths left unset (or None) are the
+        checkpoint's own where its ``generation_config.json`` sets them (``core.generation_config``: the shipped demo
+        models decode at gen length 32), else gen length 128 and the sampler's block; given ones always win. ``chat``: a
+    text prompt is wrapped as one user turn of the chat template when True; None (default) follows the checkpoint's
+    ``generation_config.json`` (``chat``: the demo models were trained on chat prompts only), else False.
+        ``compile``: True or a
+        ``torch.compile`` mode compiles the layers' pieces (``models.compiled``), False decodes eagerly, None (default)
+        follows ``models.compiled.set_compile`` (eager unless set); the tokens are the eager path's.
+        ``cuda_graphs``: replay a block's fixed-shape steps as CUDA graphs on a GPU (``models.graphs``; no cache,
+        ``prefix``, ``dual``; counts in ``GenerateOutput.graphs``).
     """
     resolve_mode(compile)  # a bad mode fails before any work
     if not isinstance(cuda_graphs, bool):
         raise ValueError(f"cuda_graphs must be True or False, got {cuda_graphs!r}")
-    rows = encode_prompts(prompts, tokenizer, chat)
+    facts = ModelFacts.of_model(model)
+    rows = encode_prompts(prompts, tokenizer, resolve_chat(facts.generation, chat))
     req = check_request(
-        ModelFacts.of_model(model),
+        facts,
         rows,
         sampler=sampler,
         sampler_options=sampler_options,

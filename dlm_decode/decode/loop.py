@@ -22,13 +22,14 @@ import torch
 
 from dlm_decode.cache import CachePolicy, KVStore
 from dlm_decode.core.state import DecodeState
+from dlm_decode.decode.blocks import grid_block_end, stop_after_eos_block
 from dlm_decode.decode.commit import all_in, commit_mask, cut, fail_nonfinite, record, stop_at_eos, stop_rows
 from dlm_decode.decode.forward import StepMasks, subset
 from dlm_decode.decode.forward import draft_logits as _forward_drafts
 from dlm_decode.decode.forward import region_logits as _forward
 from dlm_decode.models.graphs import fixed_shapes
 from dlm_decode.samplers import Sampler
-from dlm_decode.samplers.base import candidates
+from dlm_decode.samplers.base import candidates, editable
 
 
 def open_rows(state: DecodeState) -> torch.Tensor | None:
@@ -44,6 +45,8 @@ def run_block(
     begin_block(state, smp, pol, todo)
     while (masks := _masks_left(state, smp)).most:
         step(model, state, smp, pol, store, bar, masks)
+    if state.inputs.block_causal:
+        stop_after_eos_block(state)
     state.cursor.next_start = torch.maximum(state.cursor.block_end, state.cursor.next_start)
     state.cursor.block_index += 1
 
@@ -55,17 +58,24 @@ def begin_block(state: DecodeState, smp: Sampler, pol: CachePolicy, todo: torch.
     cur.block_step = 0
     cur.block_starts = cur.next_start.clone()
     cur.block_start = int(cur.next_start[todo].min())  # shared: earlier slots of a row are already decoded
-    cur.block_end = torch.minimum(cur.next_start + state.block_length, state.gen_end)
+    if state.inputs.block_causal:  # the absolute grid: the block holding the row's next slot
+        cur.block_end = torch.minimum(grid_block_end(state, cur.next_start), state.gen_end)
+    else:
+        cur.block_end = torch.minimum(cur.next_start + state.block_length, state.gen_end)
     smp.begin_block(state)
     pol.begin_block(state)
     cur.block_limit = smp.max_block_steps(state)
 
 
 def _masks_left(state: DecodeState, smp: Sampler) -> StepMasks:
-    """How many masks are left in the rows' blocks (``most`` 0: the block is done): the step's one host sync, shared
-    with the MASK-commit check and the read of the widest block end (``DecodeState.region``)."""
+    """How many masks are left in the rows' blocks (``most`` 0: the block is done, unless an editing sampler keeps
+    a row's block open: then 1): the step's one host sync, shared with the MASK-commit check and the read of the
+    widest block end (``DecodeState.region``)."""
     left = state.block_masked().sum(1)  # [B]
+    keep = smp.block_open(state)
     facts = [left.max(), (left > 0).sum(), state.stats.mask_committed.long(), state.block_end.max()]
+    if keep is not None:
+        facts[0] = torch.maximum(facts[0], keep.any().long())
     most, rows, bad, widest = torch.stack(facts).tolist()
     if bad:
         raise RuntimeError(f"sampler {smp.name!r} proposed the MASK id for a committed slot")
@@ -86,6 +96,9 @@ def step(
     ``masks``: the counts of ``_masks_left`` (None: unknown, so the forward computes every row's whole region)."""
     cur = state.cursor
     active = state.block_masked().any(1)  # [B] rows taking part in this step
+    keep = smp.block_open(state)
+    if keep is not None:
+        active = active | keep
     r0, r1 = smp.region(state)
     drafts = smp.draft(state, r0, r1)  # None: an ordinary step
     plan = pol.plan(state, (r0, r1))
@@ -114,6 +127,10 @@ def step(
     extra = None if sel.stop_rows is None else all_in(state, sel.stop_rows, r0, r1)
     commit = commit_mask(sel.commit, candidates(state, r0, r1), all_in=extra, computed=computed, last=last)
     state.stats.mask_committed |= (commit & (sel.tokens == state.mask_id)).any()
+    if (
+        smp.traits.edits and sel.edit is not None
+    ):  # token editing: decoded slots of the row's own block, never the prompt
+        commit = commit | (sel.edit & editable(state, r0, r1))
     committed = torch.zeros_like(state.canvas, dtype=torch.bool)  # [B, T]
     committed[:, r0:r1] = commit
     state.canvas[:, r0:r1] = torch.where(commit, sel.tokens, state.canvas[:, r0:r1])
@@ -126,7 +143,9 @@ def step(
         stop_at_eos(state)
     cur.step += 1
     cur.block_step += 1
-    state.finished |= ~state.is_masked()[:, state.prompt_len :].any(1)
+    done = ~state.is_masked()[:, state.prompt_len :].any(1)
+    keep = smp.block_open(state)
+    state.finished |= done if keep is None else done & ~keep
     pol.after_step(state, committed)
     if bar is not None:
         bar.update(int(committed.sum()))

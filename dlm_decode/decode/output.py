@@ -110,14 +110,15 @@ def build_output(
     eos = set(state.eos_ids.tolist())
     errors, row_steps, accepted = stats.failures(), stats.row_steps.tolist(), stats.accepted_steps.tolist()
     results = []
-    for i, ids in enumerate(state.canvas[:, p:].tolist()):
+    canvas = state.canvas[:, : p + state.gen_length]  # block-causal canvases run to the end of the last grid block
+    for i, ids in enumerate(canvas[:, p:].tolist()):
         text = None
         if tokenizer is not None:
             end = next((j for j, tkn in enumerate(ids) if tkn in eos), len(ids))
             text = tokenizer.decode([x for x in ids[:end] if x != state.mask_id], skip_special_tokens=True)
         results.append(RowResult(rows[i], ids, text, row_steps[i], errors[i], accepted[i]))
     return GenerateOutput(
-        sequences=state.canvas,
+        sequences=canvas,
         rows=results,
         nfe=state.step,
         seconds=seconds,

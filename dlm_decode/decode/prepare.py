@@ -9,6 +9,7 @@ import torch
 from dlm_decode.cache import KVStore
 from dlm_decode.core.inputs import build_canvas
 from dlm_decode.core.state import BlockCursor, DecodeInputs, DecodeState, DecodeStats
+from dlm_decode.decode.blocks import grid_lengths
 from dlm_decode.decode.request import Request
 
 END_OF_TURN_TOKENS = ("<|endoftext|>", "<|eot_id|>", "<|im_end|>")  # LLaDA, LLaDA-Instruct, Dream-Instruct
@@ -37,8 +38,12 @@ def prepare(
     if pad_id is None:
         pad_id = eos[0] if eos else 0
     device = next(model.parameters()).device
+    block_causal = bool(getattr(model, "block_causal", False))
+    slots, ends = cfg.gen_length, None
+    if block_causal:  # the canvas runs to the end of each row's last grid block (``decode.blocks``)
+        slots, ends = grid_lengths([len(r) for r in rows], cfg.gen_length, req.block_length)
     canvas, valid, positions, p = build_canvas(
-        rows, gen_length=cfg.gen_length, mask_id=mask_id, pad_id=pad_id, device=device
+        rows, gen_length=slots, mask_id=mask_id, pad_id=pad_id, device=device
     )  # [B, T] each
     b, t = canvas.shape
     gen = torch.Generator(device=device)
@@ -58,12 +63,16 @@ def prepare(
         steps=req.steps,
         key_mask=None if bool(valid.all()) else valid,
         logit_shift=int(getattr(model, "logit_shift", 0)),
+        block_causal=block_causal,
+        grid_offset=torch.tensor([p - len(r) for r in rows], device=device) if block_causal else None,
     )
     state = DecodeState(
         inputs=inputs,
         canvas=canvas,
         finished=torch.zeros(b, dtype=torch.bool, device=device),
-        gen_end=torch.full((b,), t, dtype=torch.long, device=device),
+        gen_end=torch.full((b,), t, dtype=torch.long, device=device)
+        if ends is None
+        else torch.tensor(ends, device=device),
         cursor=BlockCursor(next_start=torch.full((b,), p, dtype=torch.long, device=device)),
         stats=DecodeStats.empty(b, cfg.gen_length, device),
     )

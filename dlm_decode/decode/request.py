@@ -44,13 +44,22 @@ CONFIG_FIELDS = tuple(f.name for f in dataclasses.fields(DecodeConfig))
 
 
 def decode_config(config: DecodeConfig | None = None, **kwargs: Any) -> DecodeConfig:
-    """A ``DecodeConfig`` from keywords (over ``config`` when given); unknown keywords list the valid ones."""
+    """A ``DecodeConfig`` from keywords, or ``config`` itself; unknown keywords list the valid ones. A keyword that
+    disagrees with ``config`` is an error (neither silently wins); one that repeats its value is accepted."""
     unknown = sorted(set(kwargs) - set(CONFIG_FIELDS))
     if unknown:
         raise ValueError(f"unknown decoding option(s) {', '.join(unknown)}; valid: {', '.join(CONFIG_FIELDS)}")
     if config is None:
         return DecodeConfig(**kwargs)
-    return dataclasses.replace(config, **kwargs) if kwargs else config
+    if not isinstance(config, DecodeConfig):
+        raise ValueError(f"config must be a DecodeConfig or None, got {type(config).__name__}")
+    clash = [f"{k}={v!r} (config has {getattr(config, k)!r})" for k, v in kwargs.items() if v != getattr(config, k)]
+    if clash:
+        raise ValueError(
+            f"decoding option(s) given both in config= and as keywords with other values: {', '.join(clash)}; "
+            "give each option once (change a DecodeConfig with dataclasses.replace)"
+        )
+    return config
 
 
 def fill_defaults(
@@ -69,6 +78,11 @@ def fill_defaults(
     return sampler, (dataclasses.replace(config, **to_config) if to_config else config)
 
 
+def default_cache(facts: ModelFacts | None) -> str:
+    """The cache a request gets when it names none: ``prefix`` on block-causal models (exact there), else ``none``."""
+    return "prefix" if facts is not None and facts.block_causal else "none"
+
+
 def with_model_lengths(
     facts: ModelFacts | None, sampler: Sampler, config: DecodeConfig | None, config_kwargs: dict[str, Any]
 ) -> dict[str, Any]:
@@ -80,6 +94,7 @@ def with_model_lengths(
         return kwargs
     given = (dataclasses.asdict(config) if config is not None else {}) | kwargs  # what the caller set
     lengths = {k: given.get(k) for k in ("gen_length", "block_length", "steps")}
+    DecodeConfig(**{k: v for k, v in lengths.items() if v is not None})  # the caller's own first ("8": not a length)
     return kwargs | fill_lengths(facts.generation, **lengths, blockwise=sampler.traits.blockwise)
 
 
@@ -89,7 +104,7 @@ def check_request(
     *,
     sampler: str | Sampler = "low_confidence",
     sampler_options: dict[str, Any] | None = None,
-    cache: str | CachePolicy | None = "none",
+    cache: str | CachePolicy | None = None,
     cache_options: dict[str, Any] | None = None,
     config: DecodeConfig | None = None,
     **config_kwargs: Any,
@@ -98,13 +113,17 @@ def check_request(
     (token ids; None: no prompts yet, so only that the generation leaves room for one)."""
     smp = get_sampler(sampler, sampler_options).with_model(facts)
     cfg = decode_config(config, **with_model_lengths(facts, smp, config, config_kwargs))
-    pol = get_cache(cache, cache_options)
+    pol = get_cache(default_cache(facts) if cache is None else cache, cache_options)
     block, steps = resolve_lengths(cfg.gen_length, cfg.block_length, cfg.steps, blockwise=smp.traits.blockwise)
-    if block > cfg.gen_length:
-        raise ValueError(f"block_length ({block}) must be <= gen_length ({cfg.gen_length})")
-    if cfg.gen_length % block:
-        raise ValueError(f"gen_length ({cfg.gen_length}) must be a multiple of block_length ({block})")
-    num_blocks = cfg.gen_length // block
+    block_causal = facts is not None and facts.block_causal
+    if block_causal:  # blocks on the absolute grid: any gen_length (a cap), any block (``decode.blocks``)
+        num_blocks = -(-cfg.gen_length // block)
+    else:
+        if block > cfg.gen_length:
+            raise ValueError(f"block_length ({block}) must be <= gen_length ({cfg.gen_length})")
+        if cfg.gen_length % block:
+            raise ValueError(f"gen_length ({cfg.gen_length}) must be a multiple of block_length ({block})")
+        num_blocks = cfg.gen_length // block
     smp.check(cfg, num_blocks)
     pol.check(cfg, smp, facts)
     smp.check_cache(pol)

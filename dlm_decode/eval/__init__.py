@@ -1,4 +1,4 @@
-"""lm-evaluation-harness integration: the ``dlm_decode`` model and offline tasks (see README.md in this folder).
+"""lm-evaluation-harness integration: the ``dlm_decode`` model and offline tasks (see docs/eval.md).
 
 ``import dlm_decode.eval`` registers the model with lm-eval 0.4.13 (which does not discover entry points itself).
 

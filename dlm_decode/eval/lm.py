@@ -334,6 +334,11 @@ class DLMDecodeLM(LM):
         self, pairs: list[tuple[list[int], list[int]]], desc: str, disable_tqdm: bool, greedy: bool
     ) -> list[tuple[float, bool]]:
         opts = self.options
+        if getattr(self.model, "block_causal", False):  # the estimators below attend bidirectionally
+            raise ValueError(
+                f"{type(self.model).__name__}: log-likelihood scoring is not defined for block-causal models (LLaDA2) "
+                "in this plugin; use generate_until tasks (open-ended decoding)"
+            )
         bar = self._bar(len(pairs), desc, disable_tqdm)
         start = time.perf_counter()
         scores = likelihood.loglikelihoods(

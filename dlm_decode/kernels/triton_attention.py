@@ -212,7 +212,7 @@ def default_config(rows: int, head_dim: int, dtype: torch.dtype, gathered: bool 
     block_n = 32 if wide else 64
     num_warps = 4 if block_m * block_d <= 64 * 128 else 8
     # 16-bit without a gather: a third pipeline stage was 4-20% faster with the same tiles on an H100 (dual-b8,
-    # dream-dual-b8, full-b8 in benchmarks/results/gpu-h100/tune.log); with a 1024-key gather it was slower
+    # dream-dual-b8, full-b8 in record gpu-h100/tune.log, commit 49d62a1); with a 1024-key gather it was slower
     return KernelConfig(block_m, block_n, num_warps, num_stages=3 if not (wide or gathered) else 2)
 
 

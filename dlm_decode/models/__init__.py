@@ -4,20 +4,23 @@ from transformers import AutoConfig, AutoModel, AutoModelForMaskedLM
 
 from dlm_decode.models.dream import DreamConfig, DreamModel
 from dlm_decode.models.llada import LLaDAConfig, LLaDAModelLM
+from dlm_decode.models.llada2 import LLaDA2MoeConfig, LLaDA2MoeModelLM
 from dlm_decode.models.loading import DEMO_MODELS, demo_model_path, load_model, resolve_model_path
 
-for _cfg, _model in ((LLaDAConfig, LLaDAModelLM), (DreamConfig, DreamModel)):
+for _cfg, _model in ((LLaDAConfig, LLaDAModelLM), (DreamConfig, DreamModel), (LLaDA2MoeConfig, LLaDA2MoeModelLM)):
     AutoConfig.register(_cfg.model_type, _cfg, exist_ok=True)
     AutoModel.register(_cfg, _model, exist_ok=True)
     AutoModelForMaskedLM.register(_cfg, _model, exist_ok=True)
 
-SUPPORTED_MODEL_TYPES = (LLaDAConfig.model_type, DreamConfig.model_type)
+SUPPORTED_MODEL_TYPES = (LLaDAConfig.model_type, DreamConfig.model_type, LLaDA2MoeConfig.model_type)
 
 __all__ = [
     "DEMO_MODELS",
     "SUPPORTED_MODEL_TYPES",
     "DreamConfig",
     "DreamModel",
+    "LLaDA2MoeConfig",
+    "LLaDA2MoeModelLM",
     "LLaDAConfig",
     "LLaDAModelLM",
     "demo_model_path",

@@ -195,6 +195,8 @@ class DiffusionLMMixin:
     """
 
     logit_shift: int = 0
+    #: True for block-causal models (LLaDA2): decoded block by block on the absolute grid, ``denoise(block_length=)``
+    block_causal: bool = False
     #: how the layers run their pieces (``common.EAGER``, or ``compiled.CompiledLayers`` set by
     #: ``compiled.set_compile`` or for one ``generate(compile=...)`` call)
     layer_pieces: EagerLayers = EAGER
@@ -280,6 +282,7 @@ class DiffusionLMMixin:
         key_index: torch.Tensor | slice | None = None,  # [B, W] slots to attend to, or a run shared by all rows
         read: torch.Tensor | None = None,  # [B, N] region offsets whose logits are wanted; None: all of the region
         layers: Any = None,  # a ``depth.DepthProgram``: the layers run depth-aware (Elastic-Cache); None: plainly
+        block_length: int | None = None,  # block-causal models: the attention's block on the absolute position grid
     ) -> torch.Tensor:  # [B, R, V] logits; logits[:, j] predicts slot region[0] + j
         """Compute hidden states at ``compute`` slots and return aligned logits for slots ``[r0, r1)``.
 
@@ -288,6 +291,8 @@ class DiffusionLMMixin:
         (offsets ``0 .. R-1``, repeats allowed): only those slots get logits, the others zeros; the hidden states
         behind them alone go through the last layer's attention output and MLP, the final norm and the LM head.
         ``store``: the K/V store, with the forward's rows of it and whether it is written (a ``KVAccess``).
+        ``block_length``: for a block-causal model (``block_causal``), a query sees its own block and the earlier ones
+        of the absolute position grid; None on the bidirectional models.
         """
         b, t = canvas.shape
         r0, r1 = region
@@ -309,6 +314,8 @@ class DiffusionLMMixin:
             ids, pos, slots = canvas.gather(1, compute), positions.gather(1, compute), compute
         kv = KVAccess(store) if isinstance(store, KVStore) else store
         kw = {} if layers is None else {"layers": layers}
+        if block_length is not None:  # only block-causal models take it
+            kw["block_length"] = block_length
         hid = self.hidden_states(ids, pos, kv=kv, slots=slots, key_mask=key_mask, key_index=key_index, rows=rows, **kw)
         logits = self.output_logits(hid)  # [B, R, V] or [B, N, V]
         if read is None:

@@ -28,7 +28,7 @@ different order, a last-bit difference in the logits; the tests decode the same 
 (``tests/test_compile.py``), but identity is not guaranteed for every model and prompt the way it is between eager
 runs.
 
-When it pays: see README ("Compiled forward"): on one CPU thread at demo size the fused elementwise ops are a small
+When it pays (docs/caches.md, "Compiled forward"): on one CPU thread at demo size the fused elementwise ops are a small
 share of a forward that the matmuls dominate. CUDA-graph modes (``reduce-overhead``, ``max-autotune``) are refused:
 every new step size would record a new graph, and the store is written between the pieces.
 """

@@ -26,15 +26,68 @@ from transformers import PretrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import MaskedLMOutput
 
 from dlm_decode.models.common import EAGER, DiffusionLMMixin, RMSNorm, layer_forward, rope_cos_sin
+from dlm_decode.models.schema import (
+    ConfigSchema,
+    Key,
+    Rule,
+    below,
+    divides,
+    flag,
+    positive_int,
+    positive_number,
+    token_id,
+)
 
 #: config.json keys the reference ``diffusion_generate`` takes as sampling defaults (``DreamGenerationConfig`` fields)
 REFERENCE_SAMPLING_KEYS = ("temperature", "top_p", "top_k", "alg_temp", "eps")
 #: what a transformers 4.x ``PretrainedConfig`` holds for those keys when config.json leaves them out
 TRANSFORMERS4_CONFIG_DEFAULTS = {"temperature": 1.0, "top_p": 1.0, "top_k": 50}
 
+#: the config.json keys this implementation reads (checked before any weight, ``models/schema.py``)
+DREAM_SCHEMA = ConfigSchema(
+    "Dream",
+    {
+        "hidden_size": positive_int(required=True, official=3584),
+        "intermediate_size": positive_int(required=True, official=18944),
+        "num_hidden_layers": positive_int(required=True, official=28),
+        "num_attention_heads": positive_int(required=True, official=28),
+        "num_key_value_heads": positive_int(nullable=True),
+        "hidden_act": Key("str", choices=("silu",)),
+        "max_position_embeddings": positive_int(),
+        "rms_norm_eps": positive_number(),
+        "rope_theta": positive_number(),
+        "rope_scaling": Key("object", nullable=True),
+        "tie_word_embeddings": flag(),
+        "vocab_size": positive_int(required=True, official=152064),
+        "mask_token_id": token_id(required=True, official=151666),
+        "pad_token_id": token_id(nullable=True),
+        "bos_token_id": token_id(nullable=True),
+        "eos_token_id": Key("ids", low=0, nullable=True),
+        "attention_dropout": Key("number", low=0, high=1),
+        # the reference sampling defaults (module docstring); their ranges are the samplers' to check
+        "temperature": Key("number", low=0, nullable=True),
+        "top_p": Key("number", nullable=True),
+        "top_k": Key("int", nullable=True),
+        "alg_temp": Key("number", nullable=True),
+        "eps": Key("number", nullable=True),
+    },
+    rules=(
+        divides("hidden_size", "num_attention_heads"),
+        divides("num_attention_heads", "num_key_value_heads"),
+        Rule(
+            ("hidden_size", "num_attention_heads"),
+            lambda d, h: d // h % 2 == 0,
+            "the head size hidden_size / num_attention_heads ({hidden_size} / {num_attention_heads}) must be even "
+            "(rotary embeddings rotate pairs)",
+        ),
+        below("mask_token_id", "vocab_size"),
+    ),
+)
+
 
 class DreamConfig(PretrainedConfig):
     model_type = "Dream"
+    config_schema = DREAM_SCHEMA
 
     def __init__(
         self,
@@ -90,7 +143,7 @@ class DreamConfig(PretrainedConfig):
 
     def check_supported(self) -> None:
         wrong = []
-        if self.hidden_act != "silu":
+        if self.hidden_act not in DREAM_SCHEMA.keys["hidden_act"].choices:
             wrong.append(f"hidden_act={self.hidden_act!r} (supported: 'silu')")
         scaling = getattr(self, "rope_scaling", None) or getattr(self, "rope_parameters", None) or {}
         if scaling.get("rope_type", scaling.get("type", "default")) != "default":

@@ -4,7 +4,7 @@
 
 Why: at batch 1 on a GPU a cached step's forward is host-bound. At LLaDA-8B widths in bf16 a 32-token forward takes
 ~30 ms against ~4.5 ms of weight traffic on an H100, the host thread busy the whole time dispatching ~1,500
-operators (``benchmarks/results/gpu-h100-2026-11-27/README.md``; compiling the layer pieces does not change that).
+operators (``benchmarks/RESULTS.md``; compiling the layer pieces does not change that).
 A CUDA graph records the forward's kernels once and replays them with one launch.
 Measured there (same file): ``threshold`` + ``dual`` at 94.2 tok/s with graphs against 46.6 eager and 50.3 for the
 re-stated Fast-dLLM dual-cache loop, 17.5 ms a forward.

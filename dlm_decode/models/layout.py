@@ -4,7 +4,7 @@
 ``from_pretrained`` loads it) MKL's sgemm runs with its B operand transposed; with ``W`` stored column-major (the
 same values, ``W.T`` contiguous) it runs untransposed, which on this project's CPU (AVX-512, MKL 2024.2, one thread)
 is 1.1-1.6x faster for the few-row products of a cached decoding step (1-64 rows: a block of 32 slots, the masked
-slots of the last layer) and equal at a full canvas (320 rows): ``benchmarks/results/weight-layout-cpu.md``. Nothing
+slots of the last layer) and equal at a full canvas (320 rows): record ``weight-layout-cpu.md``, commit 1f57091. Nothing
 else changes: the parameter keeps its shape, name, values and gradient; ``state_dict`` and ``save_pretrained`` give
 the official tensors (``save_pretrained`` writes contiguous copies). ``safetensors.torch.save_file`` refuses
 non-contiguous tensors, so code that writes raw safetensors of a decoding-layout model calls ``.contiguous()`` first

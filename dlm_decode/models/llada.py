@@ -17,10 +17,74 @@ from transformers import PretrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import MaskedLMOutput
 
 from dlm_decode.models.common import EAGER, DiffusionLMMixin, RMSNorm, layer_forward, rope_cos_sin
+from dlm_decode.models.schema import (
+    ConfigSchema,
+    Key,
+    Rule,
+    below,
+    divides,
+    flag,
+    positive_int,
+    positive_number,
+    token_id,
+)
+
+#: the config.json keys this implementation reads (checked before any weight, ``models/schema.py``); ``choices`` are
+#: the published options it covers
+LLADA_SCHEMA = ConfigSchema(
+    "LLaDA",
+    {
+        "d_model": positive_int(required=True, official=4096),
+        "n_layers": positive_int(required=True, official=32),
+        "n_heads": positive_int(required=True, official=32),
+        "n_kv_heads": positive_int(nullable=True),
+        "mlp_hidden_size": positive_int(nullable=True),
+        "mlp_ratio": positive_int(),
+        "vocab_size": positive_int(required=True, official=126464),
+        "embedding_size": positive_int(nullable=True),
+        "max_sequence_length": positive_int(),
+        "rope": flag(choices=(True,)),
+        "rope_theta": positive_number(),
+        "rope_full_precision": flag(),
+        "block_type": Key("str", choices=("llama",)),
+        "layer_norm_type": Key("str", choices=("rms",)),
+        "rms_norm_eps": positive_number(),
+        "layer_norm_with_affine": flag(),
+        "bias_for_layer_norm": flag(choices=(False,)),
+        "include_bias": flag(choices=(False,)),
+        "include_qkv_bias": flag(),
+        "activation_type": Key("str", choices=("silu",)),
+        "weight_tying": flag(),
+        "scale_logits": flag(choices=(False,)),
+        "input_emb_norm": flag(choices=(False,)),
+        "attention_layer_norm": flag(choices=(False,)),
+        "alibi": flag(choices=(False,)),
+        "flash_attention": flag(),
+        "mask_token_id": token_id(required=True, official=126336),
+        "eos_token_id": Key("ids", low=0, nullable=True),
+        "pad_token_id": token_id(nullable=True),
+    },
+    rules=(
+        divides("d_model", "n_heads"),
+        divides("n_heads", "n_kv_heads"),
+        Rule(
+            ("d_model", "n_heads"),
+            lambda d, h: d // h % 2 == 0,
+            "the head size d_model / n_heads ({d_model} / {n_heads}) must be even (rotary embeddings rotate pairs)",
+        ),
+        Rule(
+            ("vocab_size", "embedding_size"),
+            lambda v, e: v <= e,
+            "vocab_size ({vocab_size}) must be <= embedding_size ({embedding_size})",
+        ),
+        below("mask_token_id", "vocab_size"),
+    ),
+)
 
 
 class LLaDAConfig(PretrainedConfig):
     model_type = "llada"
+    config_schema = LLADA_SCHEMA
 
     def __init__(
         self,
@@ -75,20 +139,12 @@ class LLaDAConfig(PretrainedConfig):
         super().__init__(eos_token_id=eos_token_id, pad_token_id=pad_token_id, **kwargs)
 
     def check_supported(self) -> None:
-        """Raise ValueError for the published options this implementation does not cover."""
-        bad = {
-            "block_type": (self.block_type, "llama"),
-            "layer_norm_type": (self.layer_norm_type, "rms"),
-            "activation_type": (self.activation_type, "silu"),
-            "rope": (self.rope, True),
-            "alibi": (self.alibi, False),
-            "include_bias": (self.include_bias, False),
-            "scale_logits": (self.scale_logits, False),
-            "input_emb_norm": (self.input_emb_norm, False),
-            "attention_layer_norm": (self.attention_layer_norm, False),
-            "bias_for_layer_norm": (self.bias_for_layer_norm, False),
-        }
-        wrong = [f"{k}={v!r} (supported: {ok!r})" for k, (v, ok) in bad.items() if v != ok]
+        """Raise ValueError for the published options this implementation does not cover (the schema's choices)."""
+        wrong = [
+            f"{k}={getattr(self, k)!r} (supported: {', '.join(map(repr, key.choices))})"
+            for k, key in LLADA_SCHEMA.keys.items()
+            if key.choices is not None and getattr(self, k) not in key.choices
+        ]
         if wrong:
             raise ValueError("unsupported LLaDA config options: " + ", ".join(wrong))
 

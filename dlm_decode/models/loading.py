@@ -1,10 +1,11 @@
 """Loading checkpoints by path or shipped demo name, with early, specific errors.
 
 Weights load from safetensors only (``use_safetensors=True``): a directory holding only ``pytorch_model.bin`` is
-refused rather than unpickled. Before any weight is read, ``config.json`` is parsed and the model is built on the
-meta device (no memory); ``model_facts`` stops there, so entry points check a decoding request against the
-checkpoint first. ``load_model`` then checks every safetensors header against that model: a damaged file, and
-missing, unexpected or differently shaped tensors, are errors naming the file, never randomly initialised weights.
+refused rather than unpickled. Before any weight is read, ``config.json`` is parsed, checked against the model
+family's schema (``models/schema.py``) and the model is built on the meta device (no memory); ``model_facts``
+stops there, so entry points check a decoding request against the checkpoint first. ``load_model`` then checks
+every safetensors header against that model: a damaged file, and missing, unexpected or differently shaped
+tensors, are errors naming the file, never randomly initialised weights.
 """
 
 from __future__ import annotations
@@ -84,18 +85,22 @@ def check_device(device: str | torch.device, what: str = "device") -> torch.devi
 
 
 def read_config(path: Path) -> Any:
-    """``config.json`` of a checkpoint directory -> its registered transformers config (JSON and model_type
-    checked, with errors naming the file)."""
+    """``config.json`` of a checkpoint directory -> its registered transformers config. JSON, ``model_type`` and
+    every key the model reads (the family's ``config_schema``, ``models/schema.py``: types, ranges, required keys)
+    are checked first, with errors naming the file and the key."""
     from transformers import AutoConfig
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
     import dlm_decode.models  # noqa: F401  (registers the Auto classes)
     from dlm_decode.models import SUPPORTED_MODEL_TYPES
 
-    model_type = read_json_object(path / "config.json", "model config").get("model_type")
+    raw = read_json_object(path / "config.json", "model config")
+    model_type = raw.get("model_type")
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise ValueError(
             f"{path}: config model_type {model_type!r} is not supported; supported: {SUPPORTED_MODEL_TYPES}"
         )
+    CONFIG_MAPPING[model_type].config_schema.check(raw, path / "config.json")
     return AutoConfig.from_pretrained(path)
 
 
@@ -104,14 +109,21 @@ def empty_model(config: Any) -> Any:
     from transformers import AutoModel
 
     with torch.device("meta"):
-        return AutoModel.from_config(config)
+        try:
+            return AutoModel.from_config(config)
+        except ValueError as e:  # the model's own config check: name the file
+            where = getattr(config, "_name_or_path", "")
+            raise ValueError(f"{Path(where) / 'config.json' if where else 'config'}: {e}") from None
 
 
 def model_facts(name_or_path: str | Path) -> ModelFacts:
     """What ``config.json`` decides about decoding (vocabulary, MASK id, maximum length) and the decoding lengths of
     ``generation_config.json`` (``core.generation_config``), read without weights."""
     path = resolve_model_path(name_or_path)
-    return ModelFacts.of_model(empty_model(read_config(path))).in_checkpoint(path)
+    model = empty_model(read_config(path))
+    if hasattr(model, "adopt_tokenizer_ids"):  # ids config.json leaves out come from the tokenizer (LLaDA2)
+        model.adopt_tokenizer_ids(load_tokenizer(path))
+    return ModelFacts.of_model(model).in_checkpoint(path)
 
 
 def load_tokenizer(name_or_path: str | Path) -> Any | None:
@@ -167,4 +179,7 @@ def load_model(
     check_weights(path, empty_model(config))
     model = AutoModel.from_pretrained(path, config=config, dtype=torch_dtype, use_safetensors=True).to(device).eval()
     set_layout(model, layout)
-    return model, (load_tokenizer(path) if tokenizer else None)
+    tok = load_tokenizer(path) if tokenizer or hasattr(model, "adopt_tokenizer_ids") else None
+    if hasattr(model, "adopt_tokenizer_ids"):  # ids config.json leaves out come from the tokenizer (LLaDA2)
+        model.adopt_tokenizer_ids(tok)
+    return model, (tok if tokenizer else None)

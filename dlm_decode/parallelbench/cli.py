@@ -27,6 +27,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from dlm_decode.cli import add_compile_arg, add_decoding_args, check_components, decoding_kwargs
+from dlm_decode.core.words import plural, some
 
 if TYPE_CHECKING:
     from dlm_decode.core.inputs import ModelFacts
@@ -42,17 +43,45 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=int, default=8, help="rows decoded together (does not change answers)")
     p.add_argument("--oracle", action="store_true", help="also compute the per-sample oracle NFE bound")
     p.add_argument("--json", action="store_true", help="print one JSON object last")
-    p.add_argument("--outputs", action="store_true", help="with --json: include every sample's text, score, NFE")
+    p.add_argument(
+        "--outputs", action="store_true", help="include every sample's text, score, NFE in the JSON (implies --json)"
+    )
     p.add_argument("--list-tasks", action="store_true", help="list the tasks of --data and exit")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1, as in demo)")
     g = p.add_argument_group("sweeps")
     g.add_argument("--sweep", default=None, metavar="GRID", help="grid name (paper, quick) or JSON grid file")
-    g.add_argument("--out", default=None, help="sweep JSONL (resumed when it exists); plots are written beside it")
+    g.add_argument(
+        "--out",
+        default=None,
+        help="sweep JSONL (resumed when it exists; rows of other settings are refused unless --append); plots are "
+        "written beside it",
+    )
+    g.add_argument(
+        "--append",
+        action="store_true",
+        help="add this sweep's rows to an --out file holding rows of other settings (model, data, --limit); the "
+        "summary and plots use this run's rows",
+    )
     g.add_argument("--no-plots", action="store_true", help="do not write PNG plots after a sweep")
     g.add_argument("--plot", default=None, metavar="JSONL", help="only (re)draw the plots of a sweep file")
     g.add_argument("--plot-task", default=None, help="task of the decoding-order heatmap (default: a copy task)")
     add_decoding_args(p, task_lengths=True)
     add_compile_arg(p)
+
+
+def check_flags(args: argparse.Namespace) -> None:
+    """Flags that only mean something together: an error (or, for ``--outputs``, implied) before any work."""
+    if args.out and not args.sweep:
+        raise ValueError(
+            f"--out {args.out!r} is where a sweep writes its rows; add --sweep GRID, or for one run use --json "
+            "(and redirect it to a file)"
+        )
+    if args.append and not args.sweep:
+        raise ValueError("--append adds a sweep's rows to its --out file; add --sweep GRID and --out FILE")
+    if args.outputs and args.sweep:
+        raise ValueError("--outputs adds every sample to a single run's --json output; a sweep's rows hold none")
+    if args.outputs:
+        args.json = True
 
 
 def _notice(msg: str) -> None:
@@ -62,7 +91,9 @@ def _notice(msg: str) -> None:
 def _tasks(args: argparse.Namespace):
     from dlm_decode.parallelbench.runner import load_tasks
 
-    names = [t.strip() for t in args.tasks.split(",") if t.strip()] if args.tasks else None
+    names = [t.strip() for t in args.tasks.split(",") if t.strip()] if args.tasks is not None else None
+    if names == []:
+        raise ValueError(f"--tasks {args.tasks!r} names no task; leave it out to run every task, or see --list-tasks")
     try:
         return load_tasks(args.data, names, limit=args.limit, generate_seed=args.generate_seed)
     except KeyError as e:  # unknown task names: a user error, reported like the others
@@ -87,13 +118,16 @@ def _check_before_loading(args: argparse.Namespace, kw: dict[str, Any], tasks) -
     """The decoding flags against config.json and every scored task's prompts (tokenizer files only), so a bad
     configuration fails before any weight is read; returns the model's facts (for the sweep's per-config checks)."""
     from dlm_decode.models.loading import load_tokenizer, model_facts
-    from dlm_decode.parallelbench.runner import check_task_kwargs, task_kwargs
+    from dlm_decode.parallelbench.runner import check_task_kwargs, short_budget, skip_reason, task_kwargs
 
     facts, tok = model_facts(args.model), load_tokenizer(args.model)
     if tok is None:
         raise ValueError(f"{args.model} ships no tokenizer: ParallelBench needs one for its chat prompts")
     for t in tasks:
-        check_task_kwargs(task_kwargs(kw, t.name), t, facts, tok)
+        task_kw = task_kwargs(kw, t.name)
+        check_task_kwargs(task_kw, t, facts, tok)
+        if skip_reason(t) is None and (why := short_budget(t, task_kw["gen_length"], tok)) is not None:
+            _notice(why)
     return facts
 
 
@@ -109,6 +143,7 @@ def run(args: argparse.Namespace) -> int:
 
         print("\n".join(task_names(require_data_dir(args.data))))
         return 0
+    check_flags(args)
     if args.batch_size < 1:
         raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
     if args.threads < 1:
@@ -140,8 +175,8 @@ def _run_once(args: argparse.Namespace, kw: dict[str, Any], tasks) -> int:
     except Interrupted as e:
         _report(args, kw, e.results, interrupted=True)
         print(
-            f"dlm-decode parallelbench: interrupted after {len(e.results)} of {len(tasks)} tasks (the task being "
-            "decoded was dropped); the finished ones are above",
+            f"dlm-decode parallelbench: interrupted after {len(e.results)} of {plural(len(tasks), 'task')} (the task "
+            "being decoded was dropped); the finished ones are above",
             file=sys.stderr,
         )
         return 130
@@ -152,9 +187,12 @@ def _run_once(args: argparse.Namespace, kw: dict[str, Any], tasks) -> int:
 def _report(args: argparse.Namespace, kw: dict[str, Any], results, interrupted: bool = False) -> None:
     from dlm_decode.parallelbench.runner import format_table, summarize
 
+    skipped: dict[str, list[str]] = {}  # one notice per reason (24 text tasks share one)
     for r in results:
         if r.skipped:
-            _notice(f"{r.task} not scored (skipped): {r.skipped}")
+            skipped.setdefault(r.skipped, []).append(r.task)
+    for why, names in skipped.items():
+        _notice(f"{plural(len(names), 'task')} not scored (skipped): {some(names)}: {why}")
     print(format_table(results))
     if args.json:
         done = [r for r in results if not r.skipped]
@@ -219,11 +257,12 @@ def _run_sweep(args: argparse.Namespace, kw: dict[str, Any], tasks) -> int:
             notice=_notice,
             progress=True,
             facts=facts,
+            append=args.append,
         )
     except Interrupted as e:
         print(
-            f"dlm-decode parallelbench: interrupted: {len(e.results)} rows in {e.path} (the task being decoded was "
-            "dropped); rerun the same command to resume",
+            f"dlm-decode parallelbench: interrupted: {plural(len(e.results), 'row')} in {e.path} (the task being "
+            "decoded was dropped); rerun the same command to resume",
             file=sys.stderr,
         )
         return 130

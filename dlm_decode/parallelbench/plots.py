@@ -16,10 +16,13 @@
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from dlm_decode.parallelbench.sweep import attach_oracle, config_summary, read_rows
+from dlm_decode.core.words import plural
+from dlm_decode.parallelbench.sweep import ROW_KEYS, attach_oracle, config_summary, read_rows, same_settings
 
 PLOTS = ("score_vs_parallelism", "pareto", "decoding_order")
 
@@ -103,7 +106,7 @@ def plot_pareto(rows: list[dict[str, Any]], path: str | Path) -> Path:
     threads = sorted({str(r["threads"]) for r in rows if r.get("threads") is not None})
     on = f", {'/'.join(threads)} torch thread{'s' if threads != ['1'] else ''}" if threads else ""
     ax.set_xlabel(f"throughput (generated tokens / s of decoding{on})")
-    ax.set_ylabel(f"mean score over {len(all_tasks)} tasks")
+    ax.set_ylabel(f"mean score over {plural(len(all_tasks), 'task')}")
     ax.set_title("ParallelBench: accuracy vs speed")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="best")
@@ -151,12 +154,39 @@ def _save(fig: Any, path: str | Path) -> Path:
     return path
 
 
+def last_settings(rows: list[dict[str, Any]], where: Path, notice: Callable[[str], None]) -> list[dict[str, Any]]:
+    """The rows written with the settings (``ROW_KEYS``) of the last row; a notice when others are left out."""
+    if not rows:
+        return rows
+    mine = [r for r in rows if same_settings(r, rows[-1])]
+    if len(mine) < len(rows):
+        shown = ", ".join(f"{k} {rows[-1].get(k)!r}" for k in ROW_KEYS)
+        notice(
+            f"{where} holds rows of several settings; plotting the {plural(len(mine), 'row')} of the last ({shown}), "
+            f"leaving out {plural(len(rows) - len(mine), 'row')} of others"
+        )
+    return mine
+
+
+def _stderr_notice(msg: str) -> None:
+    print(f"notice: {msg}", file=sys.stderr)
+
+
 def write_plots(
-    jsonl: str | Path, rows: list[dict[str, Any]] | None = None, task: str | None = None
+    jsonl: str | Path,
+    rows: list[dict[str, Any]] | None = None,
+    task: str | None = None,
+    notice: Callable[[str], None] | None = None,
 ) -> dict[str, Path]:
-    """The three PNGs beside ``jsonl`` (``<stem>.<plot>.png``), from ``rows`` or the file's rows."""
+    """The three PNGs beside ``jsonl`` (``<stem>.<plot>.png``), from ``rows`` or the file's rows. A file holding
+    rows of several runs' settings (``sweep --append``) is plotted with the rows of the last run's settings, and a
+    ``notice`` (default: a line on stderr) says how many rows were left out."""
     jsonl = Path(jsonl)
-    rows = attach_oracle(rows if rows is not None else read_rows(jsonl))
+    if rows is None:
+        if not jsonl.is_file():
+            raise FileNotFoundError(f"sweep file {jsonl} not found (--plot reads the JSONL a --sweep wrote to --out)")
+        rows = last_settings(read_rows(jsonl), jsonl, notice or _stderr_notice)
+    rows = attach_oracle(rows)
     if not rows:
         raise ValueError(f"{jsonl}: no rows to plot")
     check_plot_task(rows, task, str(jsonl))  # before any file is written

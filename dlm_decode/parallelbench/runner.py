@@ -43,10 +43,11 @@ import torch
 from tqdm.auto import tqdm
 
 from dlm_decode.core.inputs import ModelFacts, encode_prompts
+from dlm_decode.core.words import plural
 from dlm_decode.decode import check_request, generate, oracle_generate
 from dlm_decode.parallelbench.generator import generate_task, load_names, sample_key
 from dlm_decode.parallelbench.metrics import MetricUnavailable, score_sample
-from dlm_decode.parallelbench.tasks import Task, list_tasks, load_task, max_new_tokens, task_kind
+from dlm_decode.parallelbench.tasks import Task, answer_text, list_tasks, load_task, max_new_tokens, task_kind
 
 DATA_ENV = "DLM_PARALLELBENCH_DATA"
 GENERATABLE_KINDS = ("waiting_line", "puzzle")
@@ -70,6 +71,11 @@ def require_data_dir(data_dir: str | Path | None) -> Path:
         raise FileNotFoundError(
             "no ParallelBench data directory: pass --data DIR (official files: task_config.yaml per group and the "
             f"names file; needed for the task prompts even with --generate-seed) or set ${DATA_ENV}"
+        )
+    if path.exists() and not path.is_dir():
+        raise ValueError(
+            f"ParallelBench data directory {str(path)!r} is a file, not a directory; pass the folder holding "
+            "<group>/task_config.yaml and <group>/<task>.jsonl files"
         )
     if not path.is_dir():
         raise FileNotFoundError(f"ParallelBench data directory not found: {str(path)!r}")
@@ -227,6 +233,24 @@ def check_task_kwargs(
         check_request(facts, rows, **kw)
     except ValueError as e:
         raise ValueError(f"{name}: {e}") from None
+
+
+def short_budget(task: Task, gen_length: int, tokenizer: Any) -> str | None:
+    """A warning when ``gen_length`` is shorter than some of ``task``'s reference answers (tokenized alone): those
+    samples cannot score, so a run would report a low score for a budget reason; None when every answer fits."""
+    lengths = []
+    for sample in task.samples:
+        try:
+            lengths.append(len(tokenizer(answer_text(sample["answer"]), add_special_tokens=False)["input_ids"]))
+        except (ValueError, KeyError, TypeError):  # an answer without one reference text (scored by rule)
+            continue
+    longer = sum(n > gen_length for n in lengths)
+    if not longer:
+        return None
+    return (
+        f"{task.name}: gen_length {gen_length} is shorter than {plural(longer, 'reference answer')} of "
+        f"{plural(len(lengths), 'sample')} (up to {max(lengths)} tokens); those samples cannot score"
+    )
 
 
 def _is_reference(kw: dict[str, Any]) -> bool:

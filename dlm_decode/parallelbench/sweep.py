@@ -32,6 +32,7 @@ from dlm_decode.cache import get_cache
 from dlm_decode.core.config import resolve_lengths
 from dlm_decode.core.files import read_json_object
 from dlm_decode.core.inputs import ModelFacts
+from dlm_decode.core.words import plural, some
 from dlm_decode.parallelbench.aup import aup_table
 from dlm_decode.parallelbench.runner import (
     Interrupted,
@@ -188,11 +189,25 @@ def usable(cfg: dict[str, Any], tasks: list[Task], base: dict[str, Any], facts: 
 
 
 def check_out(out: str | Path, what: str = "out") -> Path:
-    """The sweep's JSONL path; a directory is an error (``what`` names the option)."""
+    """The sweep's JSONL path, checked writable before anything is decoded (its folders are created): a directory,
+    a path under a regular file, or a place that cannot be written (read-only file system, no permission) is an
+    error naming ``what`` (the option) and the path."""
     out = Path(out)
     if out.is_dir():
         example = str(out / "sweep.jsonl")
         raise ValueError(f"{what} {str(out)!r} is a directory; give a JSONL file path such as {example!r}")
+    for parent in out.parents:
+        if parent.exists() and not parent.is_dir():
+            raise ValueError(f"{what} {str(out)!r}: {str(parent)!r} is a file, not a directory")
+    existed = out.exists()
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with out.open("a"):
+            pass
+    except OSError as e:
+        raise ValueError(f"{what} {str(out)!r} cannot be written ({e.strerror or e})") from None
+    if not existed:
+        out.unlink()
     return out
 
 
@@ -242,7 +257,12 @@ def read_rows(path: str | Path, notice: Callable[[str], None] | None = None) -> 
     p = Path(path)
     if not p.is_file():
         return []
-    lines = p.read_text().splitlines()
+    try:
+        lines = p.read_bytes().decode("utf-8").splitlines()
+    except UnicodeDecodeError as e:
+        raise ValueError(
+            f"{p} is not UTF-8 text (byte at offset {e.start}): not a sweep JSONL (a binary file?)"
+        ) from None
     last = max((i for i, line in enumerate(lines) if line.strip()), default=-1)
     rows = []
     for i, line in enumerate(lines):
@@ -277,6 +297,23 @@ def _cut_partial_line(path: Path) -> None:
             f.write(b"\n")
 
 
+def scored_tasks(tasks: list[Task], notice: Callable[[str], None]) -> list[Task]:
+    """The tasks that can be scored here; the others are skipped with one notice (text tasks share one reason, so
+    it is said once, with the count and names); none left is an error."""
+    scored, skipped = [], {}
+    for t in tasks:
+        why = skip_reason(t)
+        if why is None:
+            scored.append(t)
+        else:
+            skipped.setdefault(why, []).append(t.name)
+    for why, names in skipped.items():
+        notice(f"skipping {plural(len(names), 'task')} ({some(names)}): {why}")
+    if not scored:
+        raise ValueError("no task of this sweep can be scored here: " + ", ".join(t.name for t in tasks))
+    return scored
+
+
 def run_sweep(
     load: Callable[[], tuple[Any, Any]],
     tasks: list[Task],
@@ -289,8 +326,12 @@ def run_sweep(
     notice: Callable[[str], None] = print,
     progress: bool = False,
     facts: ModelFacts | None = None,
+    append: bool = False,
 ) -> list[dict[str, Any]]:
     """Run every (task, config) not yet in ``out`` and append one JSON row each; returns the run's rows.
+
+    ``out`` holding rows written with other settings (``ROW_KEYS``: model, data source, limit) is an error naming
+    the difference, unless ``append`` (then they stay in the file and are left out of the returned rows).
 
     ``load()`` -> (model, tokenizer) is called only if something is left to do, after every check; ``facts`` (the
     model's ``config.json`` facts and checkpoint directory, ``models.loading.model_facts``) lets those checks skip a
@@ -303,21 +344,16 @@ def run_sweep(
 
     base, meta = dict(base or {}), dict(meta or {})
     out = check_out(out)
-    scored = []
-    for t in tasks:
-        why = skip_reason(t)
-        if why is None:
-            scored.append(t)
-        else:
-            notice(f"skipping {t.name}: {why}")
-    if not scored:
-        raise ValueError("no task of this sweep can be scored here: " + ", ".join(t.name for t in tasks))
+    scored = scored_tasks(tasks, notice)
     runnable = runnable_configs(configs, scored, base, notice, facts)
-    mine = [r for r in read_rows(out, notice) if all(r.get(k) == meta.get(k) for k in ROW_KEYS)]
+    found = read_rows(out, notice)
+    mine = [r for r in found if same_settings(r, meta)]
+    if len(mine) < len(found) and not append:
+        raise ValueError(other_settings(out, found, meta))
     done = {(r["task"], r["config_id"]) for r in mine}
     todo = [(c, t) for c in runnable for t in scored if (t.name, config_id(c, base)) not in done]
     if done:
-        notice(f"resuming {out}: {len(done)} rows done, {len(todo)} to run")
+        notice(f"resuming {out}: {plural(len(done), 'row')} done, {len(todo)} to run")
     out.parent.mkdir(parents=True, exist_ok=True)
     _cut_partial_line(out)
     model = tok = None
@@ -344,11 +380,30 @@ def run_sweep(
                 mine.append(row)
     except KeyboardInterrupt as e:
         raise Interrupted(mine, out) from e
+    except OSError as e:  # the disk filled up, the file system went read-only: the rows written so far stay
+        raise ValueError(f"{out}: writing a row failed ({e.strerror or e}); rows written before are kept") from None
     finally:
         bar.close()
     ids = {config_id(c, base) for c in runnable}
     names = {t.name for t in scored}
     return [r for r in mine if r["config_id"] in ids and r["task"] in names]
+
+
+def same_settings(row: dict[str, Any], meta: dict[str, Any]) -> bool:
+    """Whether ``row`` was written by a run with ``meta``'s settings (``ROW_KEYS``)."""
+    return all(row.get(k) == meta.get(k) for k in ROW_KEYS)
+
+
+def other_settings(out: Path, rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
+    """The error for a sweep file holding rows of other settings: how many, and what differs."""
+    others = [r for r in rows if not same_settings(r, meta)]
+    diffs = sorted(
+        {f"{k} {r.get(k)!r} (this run: {meta.get(k)!r})" for r in others for k in ROW_KEYS if r.get(k) != meta.get(k)}
+    )
+    return (
+        f"{out} holds {plural(len(others), 'row')} written with other settings: {'; '.join(diffs)}; pass --append "
+        "(append=True) to add this run's rows beside them, or give another --out"
+    )
 
 
 # ------------------------------------------------------------------------------------------------ analysis
@@ -374,12 +429,13 @@ def attach_oracle(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def config_summary(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per config: mean score / strict / tokens per step / NFE ratio over its tasks, throughput, task count."""
-    by: dict[str, list[dict[str, Any]]] = {}
+    last: dict[str, dict[str, dict[str, Any]]] = {}  # config -> task -> row (a repeated row counts once)
     for r in rows:
         if r.get("score") is not None:
-            by.setdefault(r["config_id"], []).append(r)
+            last.setdefault(r["config_id"], {})[r["task"]] = r
     out = []
-    for cid, rs in by.items():
+    for cid, per_task in last.items():
+        rs = list(per_task.values())
         n = len(rs)
         ratios = [r["nfe_ratio"] for r in rs if r.get("nfe_ratio")]
         secs = sum(r["seconds"] for r in rs)

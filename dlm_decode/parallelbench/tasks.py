@@ -103,6 +103,8 @@ class Task:
 
 def _require_dir(data_dir: str | Path) -> Path:
     path = Path(data_dir)
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"ParallelBench data directory {str(path)!r} is a file, not a directory")
     if not path.is_dir():
         raise FileNotFoundError(
             f"ParallelBench data directory not found: {str(path)!r} (expected a folder holding one "
@@ -115,8 +117,7 @@ def _read_group_configs(data_dir: Path) -> dict[str, tuple[Path, dict]]:
     """Map every task name that has a jsonl file to (jsonl path, config)."""
     found: dict[str, tuple[Path, dict]] = {}
     for config_file in sorted(data_dir.glob("*/task_config.yaml")):
-        with open(config_file, encoding="utf-8") as f:
-            configs = yaml.safe_load(f) or {}
+        configs = _read_yaml(config_file) or {}
         if not isinstance(configs, Mapping):
             raise ValueError(f"{config_file}: expected a mapping of task name -> config")
         for key, config in configs.items():
@@ -126,6 +127,41 @@ def _read_group_configs(data_dir: Path) -> dict[str, tuple[Path, dict]]:
             if jsonl.is_file():
                 found[key] = (jsonl, dict(config))
     return found
+
+
+def _read_yaml(path: Path) -> Any:
+    """A task group's YAML config; a file that is not UTF-8 or not YAML is an error naming it (and the line)."""
+    try:
+        return yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path} is not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start})") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+        what = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ValueError(f"{path} is not valid YAML{where}: {what}") from None
+
+
+def _sample(raw: bytes, path: Path, line_no: int) -> dict | None:
+    """One JSONL line -> a sample (None for a blank line); a line that is not UTF-8, not JSON, or not a sample with
+    an ``input`` object and an ``answer`` is an error naming ``path:line``."""
+    try:
+        line = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        bad = f"byte 0x{raw[e.start]:02x} at column {e.start + 1}"
+        raise ValueError(f"{path}:{line_no}: not UTF-8 text ({bad})") from None
+    if not line.strip():
+        return None
+    try:
+        sample = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}:{line_no}: invalid JSON ({exc})") from None
+    if not isinstance(sample, dict) or not isinstance(sample.get("input"), dict) or "answer" not in sample:
+        keys = sorted(sample) if isinstance(sample, dict) else type(sample).__name__
+        raise ValueError(
+            f"{path}:{line_no}: a ParallelBench sample is an object with an 'input' object and an 'answer'; got {keys}"
+        )
+    return sample
 
 
 def list_tasks(data_dir: str | Path) -> list[str]:
@@ -149,16 +185,13 @@ def load_task(data_dir: str | Path, name: str, limit: int | None = None) -> Task
         raise ValueError(f"limit must be >= 0, got {limit}")
     path, config = tasks[name]
     samples: list[dict] = []
-    with open(path, encoding="utf-8") as f:
-        for line_no, line in enumerate(f, start=1):
+    with open(path, "rb") as f:
+        for line_no, raw in enumerate(f, start=1):
             if limit is not None and len(samples) >= limit:
                 break
-            if not line.strip():
-                continue
-            try:
-                samples.append(json.loads(line))
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}:{line_no}: invalid JSON ({exc})") from exc
+            sample = _sample(raw, path, line_no)
+            if sample is not None:
+                samples.append(sample)
     return Task(name=name, config=config, samples=samples)
 
 

@@ -67,6 +67,14 @@ class AdaptiveBlock(Sampler):
         if any(i < 0 for i in self.delimiter_ids):
             raise ValueError(f"{self.name}: delimiter_ids must be token ids >= 0, got {self.delimiter_ids!r}")
 
+    def with_model(self, facts: Any) -> AdaptiveBlock:
+        if facts is not None and getattr(facts, "block_causal", False):
+            raise ValueError(
+                f"{self.name}: moves block ends, but the block-causal model {facts.model_type!r} attends on a fixed "
+                "block grid (its blocks are its attention mask); use llada2, threshold or another within-block rule"
+            )
+        return self
+
     def _window(self, state: DecodeState) -> torch.Tensor:  # [B] window length per row
         remaining = state.gen_end - state.block_starts
         return torch.clamp(remaining, max=int(self.window_fraction * state.gen_length)).clamp(min=0)

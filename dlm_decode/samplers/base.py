@@ -59,6 +59,9 @@ class Selection:
     block_end: torch.Tensor | None = None  # [B] long: each row's new exclusive block end (a block's first step only)
     # [B] long: steps of the followed rule this commit stands for (draft-and-verify: accepted drafts + 1); None: one
     steps: torch.Tensor | None = None
+    # [B, R] bool: decoded generation slots of the row's current block to rewrite with ``tokens`` (token editing,
+    # samplers with ``edits``; the loop ignores it elsewhere)
+    edit: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -84,6 +87,9 @@ class SamplerTraits:
     option_defaults: Mapping[str, Any] = field(default_factory=dict)
     # True: ``select`` reads the logits of ``candidates(state, r0, r1)`` only (see the module docstring)
     reads_candidates_only: bool = False
+    # True: the sampler may rewrite decoded slots of its block (``Selection.edit``) and keeps a block open past its
+    # last MASK while ``Sampler.block_open`` says so (LLaDA2.1's token editing)
+    edits: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "option_defaults", MappingProxyType(dict(self.option_defaults)))
@@ -135,6 +141,10 @@ class Sampler:
     def region(self, state: DecodeState) -> tuple[int, int]:
         return state.region()
 
+    def block_open(self, state: DecodeState) -> torch.Tensor | None:
+        """[B] rows that keep iterating on their block with no MASK left (editing samplers); None: none."""
+        return None
+
     def check_cache(self, cache: Any) -> None:
         """Validate the cache policy this sampler runs with (before any work); the default accepts every cache."""
 
@@ -167,6 +177,14 @@ def candidates(state: DecodeState, r0: int, r1: int, block_end: torch.Tensor | N
     """[B, R] bool: masked slots of the current block (ending at ``block_end`` [B] when given, e.g. the one a
     sampler is about to return) of unfinished rows, restricted to the region."""
     return state.block_masked(block_end)[:, r0:r1]
+
+
+def editable(state: DecodeState, r0: int, r1: int) -> torch.Tensor:
+    """[B, R] bool: decoded generation slots of the current block of unfinished rows, restricted to the region (where
+    a token-editing sampler may rewrite; never the prompt, even in a block-causal model's partial first block)."""
+    idx = torch.arange(r0, r1, device=state.device)
+    decoded = ~state.is_masked()[:, r0:r1] & (idx[None, :] >= state.prompt_len)
+    return decoded & state.in_block()[:, r0:r1] & ~state.finished[:, None]
 
 
 def top_k_per_row(score: torch.Tensor, k: torch.Tensor, kmax: int | None = None) -> torch.Tensor:

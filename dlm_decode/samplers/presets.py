@@ -147,6 +147,20 @@ PRESETS: dict[str, Preset] = {
             "Learn2PD generate_learn2parallel (needs the filter option)",
             needs=("filter",),
         ),
+        Preset(
+            "llada2",
+            "llada2",
+            {"threshold": 0.95},
+            {"block_length": 32, "steps": 32},
+            "LLaDA2.0 generate() defaults (steps per block; block-causal models)",
+        ),
+        Preset(
+            "llada21",
+            "token_editing",
+            {"threshold": 0.95, "editing_threshold": 0.9, "max_post_steps": 16, "num_to_transfer": 1},
+            {"block_length": 32},
+            "LLaDA2.1 generate() defaults (token editing; block-causal models)",
+        ),
     )
 }
 

@@ -15,11 +15,13 @@ from dlm_decode.samplers.early_commit import EarlyCommit
 from dlm_decode.samplers.entropy_threshold import EntropyThreshold
 from dlm_decode.samplers.factor import Factor
 from dlm_decode.samplers.learned_filter import LearnedFilter
+from dlm_decode.samplers.llada2 import LLaDA2
 from dlm_decode.samplers.local_leap import LocalLeap
 from dlm_decode.samplers.lossless import Lossless
 from dlm_decode.samplers.low_confidence import LowConfidence
 from dlm_decode.samplers.random_remask import RandomRemask
 from dlm_decode.samplers.threshold import Threshold
+from dlm_decode.samplers.token_editing import TokenEditing
 
 # ``samplers.oracle.Oracle`` is not registered: it needs each row's reference answer (see ``decode.oracle``)
 SAMPLERS: dict[str, type[Sampler]] = {
@@ -37,6 +39,8 @@ SAMPLERS: dict[str, type[Sampler]] = {
     "learned_filter": LearnedFilter,
     "entropy_threshold": EntropyThreshold,
     "lossless": Lossless,
+    "llada2": LLaDA2,
+    "token_editing": TokenEditing,
 }
 
 

@@ -1,7 +1,7 @@
 """Training curves of certainty-forcing runs: the held-out score and NFE of ``train.py``'s periodic evaluations.
 
-    python recipes/certainty_forcing/curves.py --run ref=recipes/certainty_forcing/work/cf-llada-y1 \
-        --run ratio-range=recipes/certainty_forcing/work/cf-llada-ru --out curves.png --jsonl curves.jsonl
+    python -m recipes.certainty_forcing.curves --run ref=runs/certainty_forcing/cf-llada \
+        --run ratio-range=runs/certainty_forcing/cf-llada-ru --out runs/certainty_forcing/curves.png
 
 Reads each run directory's ``log.jsonl`` (the ``{"step", "eval": {score, nfe, ...}}`` records; step 0 is the base
 model), plots score and NFE against the optimizer step in two panels, one line per run, and optionally writes the
@@ -15,6 +15,8 @@ import argparse
 import json
 from pathlib import Path
 from typing import Any
+
+from dlm_decode.cli import run_script
 
 
 def eval_points(run_dir: str | Path) -> list[dict[str, Any]]:
@@ -88,6 +90,4 @@ def main(argv: list[str] | None = None) -> dict[str, list[dict[str, Any]]]:
 
 
 if __name__ == "__main__":
-    from dlm_decode.cli import run_script
-
     run_script(main, "certainty_forcing/curves.py")

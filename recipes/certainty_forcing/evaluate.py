@@ -1,9 +1,9 @@
 """Score and NFE of checkpoints on ParallelBench with a parallel decoder: the before/after table and plot.
 
-    python recipes/certainty_forcing/evaluate.py \
-        --model base=dlm_decode/demo_models/demo-llada --model distilled=recipes/certainty_forcing/work/llada/export \
-        --etas 0.1 0.25 0.5 1.0 2.0 --out recipes/certainty_forcing/results/llada.json \
-        --plot recipes/certainty_forcing/llada_score_vs_tps.png
+    python -m recipes.certainty_forcing.evaluate --data PARALLELBENCH_DIR \
+        --model base=demo-llada --model distilled=runs/certainty_forcing/llada/export \
+        --etas 0.1 0.25 0.5 1.0 2.0 --out runs/certainty_forcing/llada.json \
+        --plot runs/certainty_forcing/llada_score_vs_tps.png
 
 Each sample of the official test files (``load_task``; default: the deterministic waiting-line tasks) is built into its
 chat by ``build_messages``, decoded at temperature 0 with ``entropy_threshold`` (eta from ``--etas``; block 32) and,
@@ -23,38 +23,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # see train_demo/train.py: shared cores, no spinning threads
+import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-import torch  # noqa: E402
-
-from certainty_forcing.common import DETERMINISTIC_WAITING_LINE, unwrap  # noqa: E402
-
-
-def _decode_fallback(model: Any, tok: Any, task: Any, decoding: dict[str, Any], batch_size: int) -> dict[str, Any]:
-    """Decode and score one task without the ParallelBench runner (same numbers: mean score x 100, mean NFE)."""
-    import dlm_decode
-    from dlm_decode.parallelbench.metrics import score_sample
-    from dlm_decode.parallelbench.tasks import max_new_tokens
-
-    gl = max_new_tokens(task.name)
-    kw = {"gen_length": gl, **decoding, "block_length": min(decoding.get("block_length") or gl, gl)}
-    scores, nfe = [], []
-    for i in range(0, len(task), batch_size):
-        idx = range(i, min(i + batch_size, len(task)))
-        out = dlm_decode.generate(model, [task.messages(j) for j in idx], tokenizer=tok, chat=True, **kw)
-        for j, row in zip(idx, out.rows, strict=True):
-            scores.append(score_sample(task.name, row.text or "", task.samples[j])["score"])
-            nfe.append(row.nfe)
-    return {"score": 100.0 * sum(scores) / len(scores), "nfe": sum(nfe) / len(nfe), "gen_length": gl, "n": len(nfe)}
+import dlm_decode
+from dlm_decode.cli import run_script
+from dlm_decode.parallelbench.runner import run_task
+from dlm_decode.parallelbench.tasks import Task, load_task, max_new_tokens
+from recipes.certainty_forcing.common import DETERMINISTIC_WAITING_LINE, unwrap
+from recipes.pb_data import DATA_ENV, data_dir
 
 
 @torch.no_grad()
@@ -68,13 +49,9 @@ def evaluate_tasks(
 ) -> dict[str, Any]:
     """Decode and score ParallelBench ``tasks`` (``Task`` objects) with ``generate`` keyword arguments ``decoding``.
 
-    Goes through ``dlm_decode.parallelbench.runner.run_task`` when that module is present. Returns per task and as
-    means over tasks: score (x 100), NFE per sample, tokens per step (gen length / mean NFE).
+    Goes through ``dlm_decode.parallelbench.runner.run_task``. Returns per task and as means over tasks: score
+    (x 100), NFE per sample, tokens per step (gen length / mean NFE).
     """
-    try:
-        from dlm_decode.parallelbench.runner import run_task
-    except ImportError:
-        run_task = None
     core = unwrap(model)
     was_training = core.training
     core.eval()
@@ -82,11 +59,8 @@ def evaluate_tasks(
     per_task = {}
     try:
         for task in tasks:
-            if run_task is not None:
-                r = run_task(core, tokenizer, task, decoding, batch_size=batch_size)
-                res = {"score": r.score, "nfe": r.nfe, "gen_length": r.gen_length, "n": r.n}
-            else:
-                res = _decode_fallback(core, tokenizer, task, decoding, batch_size)
+            r = run_task(core, tokenizer, task, decoding, batch_size=batch_size)
+            res = {"score": r.score, "nfe": r.nfe, "gen_length": r.gen_length, "n": r.n}
             res["tokens_per_step"] = res["gen_length"] / res["nfe"]
             per_task[task.name] = {k: round(v, 3) if isinstance(v, float) else v for k, v in res.items()}
     finally:
@@ -119,7 +93,6 @@ def one_per_step(gen_length: int, block: int = 32) -> dict[str, Any]:
 def one_per_step_results(model: Any, tokenizer: Any, tasks: Sequence[Any], *, batch_size: int = 50) -> dict[str, Any]:
     """``evaluate_tasks`` with ``one_per_step`` at each task's own generation length (waiting-line 32, puzzles 64),
     the per-task results merged in ``tasks``' order and the means taken over all of them."""
-    from dlm_decode.parallelbench.tasks import max_new_tokens
 
     by_length: dict[int, list[Any]] = {}
     for task in tasks:
@@ -135,7 +108,6 @@ def one_per_step_results(model: Any, tokenizer: Any, tasks: Sequence[Any], *, ba
 def official_tasks(data_dir: str | Path, names: Sequence[str], limit: int | None = None, stride: int = 1) -> list[Any]:
     """The official test tasks; ``stride`` keeps every k-th sample (the files are sorted by list length, so a stride
     keeps every length, a ``limit`` only the first ones)."""
-    from dlm_decode.parallelbench.tasks import Task, load_task
 
     tasks = [load_task(data_dir, n, limit=limit) for n in names]
     return [Task(t.name, t.config, t.samples[::stride]) for t in tasks] if stride > 1 else tasks
@@ -277,7 +249,7 @@ def main(argv: list[str] | None = None) -> None:
         metavar="[LABEL=]FILE:NAME",
         help="take model NAME's results from an earlier --out JSON instead of decoding it again (listed first)",
     )
-    ap.add_argument("--data-dir", default="/work/shared/data/parallelbench")
+    ap.add_argument("--data", default=None, help=f"official ParallelBench directory (default: ${DATA_ENV})")
     ap.add_argument("--tasks", nargs="*", default=list(DETERMINISTIC_WAITING_LINE))
     ap.add_argument("--limit", type=int, default=None, help="first N samples per task")
     ap.add_argument("--stride", type=int, default=1, help="every k-th sample per task (after --limit)")
@@ -291,14 +263,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--plot-nfe", default=None, help="PNG of score vs mean NFE")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
-    import dlm_decode
-
     if not args.model and not args.reuse:
         raise ValueError("give at least one --model NAME=PATH (or --reuse FILE:NAME)")
     given = [parse_reuse(s)[0] for s in args.reuse] + [s.partition("=")[0] for s in args.model]
     if len(set(given)) != len(given):
         raise ValueError(f"model names must differ (--reuse, then --model): {given}")
-    tasks = official_tasks(args.data_dir, args.tasks, args.limit, args.stride)
+    tasks = official_tasks(data_dir(args.data), args.tasks, args.limit, args.stride)
     results: dict[str, dict[str, Any]] = dict(reuse_results(spec, tasks, args.etas) for spec in args.reuse)
     for spec in args.model:
         name, _, path = spec.partition("=")
@@ -333,6 +303,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    from dlm_decode.cli import run_script
-
     run_script(main, "certainty_forcing/evaluate.py")

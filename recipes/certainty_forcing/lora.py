@@ -15,7 +15,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from certainty_forcing.common import arch_of, demo_train
+from recipes.certainty_forcing.common import arch_of
+from recipes.train_demo.checkpoint import export_model
 
 LORA_TARGETS = {
     "llada": r"model\.transformer\.blocks\.\d+\.(q_proj|k_proj|v_proj|attn_out|ff_proj|up_proj|ff_out)",
@@ -47,4 +48,4 @@ def merge(peft_model: Any) -> Any:
 
 def export(model: Any, tokenizer: Any, out: str | Path, card: dict | None = None) -> None:
     """Write a plain official-format checkpoint (atomically; see train_demo's ``export_model``)."""
-    demo_train().export_model(model, tokenizer, Path(out), card)
+    export_model(model, tokenizer, Path(out), card)

@@ -1,9 +1,9 @@
 """Certainty-forcing distillation (dParallel): fine-tune LLaDA / Dream on their own verified trajectories so that an
 entropy-threshold decoder can commit many tokens per step.
 
-    python recipes/certainty_forcing/train.py --model dlm_decode/demo_models/demo-llada \
-        --traj recipes/certainty_forcing/work/traj-llada --out recipes/certainty_forcing/work/llada [--resume]
-    accelerate launch --config_file recipes/certainty_forcing/configs/ddp.yaml recipes/certainty_forcing/train.py ...
+    python -m recipes.certainty_forcing.train --model demo-llada --traj runs/certainty_forcing/traj-demo-llada \
+        [--out runs/certainty_forcing/llada] [--data PARALLELBENCH_DIR] [--resume]
+    accelerate launch --config_file recipes/certainty_forcing/configs/ddp.yaml -m recipes.certainty_forcing.train ...
 
 Per optimizer step, ``--batch-size`` trajectories (global, over all processes) are drawn in a seeded, length-bucketed
 order (incomplete last batch of an epoch dropped). Each is masked twice with complementary masks
@@ -30,25 +30,34 @@ import argparse
 import json
 import os
 import random
-import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # shared cores: idle OpenMP threads sleep (see train_demo)
+import torch
+from accelerate import Accelerator
+from tqdm.auto import tqdm
+from transformers import get_constant_schedule_with_warmup, get_cosine_schedule_with_warmup
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-import torch  # noqa: E402
-
-from certainty_forcing.common import arch_of, demo_train, unwrap  # noqa: E402
-from certainty_forcing.losses import BETA, TEMPERATURE, certainty_forcing_loss  # noqa: E402
-from certainty_forcing.masking import (  # noqa: E402
+import dlm_decode
+from dlm_decode.cli import run_script
+from dlm_decode.parallelbench.tasks import Task, load_task
+from dlm_decode.samplers import get_sampler
+from recipes.certainty_forcing.common import arch_of, unwrap
+from recipes.certainty_forcing.evaluate import evaluate_tasks, parallel_decoding
+from recipes.certainty_forcing.lora import add_lora, export, merge
+from recipes.certainty_forcing.losses import BETA, TEMPERATURE, certainty_forcing_loss
+from recipes.certainty_forcing.masking import (
     check_ratio_range,
     complementary_views,
     example_ratios,
     example_uniforms,
 )
+from recipes.certainty_forcing.trajectories import read_jsonl
+from recipes.pb_data import DATA_ENV, data_dir
+from recipes.train_demo.checkpoint import latest_checkpoint, save_checkpoint
+from recipes.train_demo.objective import collate
 
 Row = tuple[list[int], list[int]]  # prompt ids, response ids
 
@@ -57,8 +66,6 @@ Row = tuple[list[int], list[int]]  # prompt ids, response ids
 
 
 def load_trajectories(path: str | Path, max_rows: int | None = None) -> list[Row]:
-    from certainty_forcing.trajectories import read_jsonl
-
     rows = [(r["prompt_ids"], r["response_ids"]) for r in read_jsonl(path)]
     if not rows:
         raise ValueError(f"{path} holds no trajectories")
@@ -99,7 +106,7 @@ def example_losses(
     device: Any = "cpu",
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Per-example certainty-forcing losses [B] of a micro-batch (both views in one forward of the official model)."""
-    batch = demo_train().collate(rows, pad_id)  # left padding, responses right-aligned
+    batch = collate(rows, pad_id)  # left padding, responses right-aligned
     ids, valid = batch["input_ids"], batch["valid"]
     length = batch["response_length"].long()
     t = ids.shape[1]
@@ -135,9 +142,6 @@ def example_losses(
 
 def heldout_tasks(traj_dir: Path, data_dir: str | Path, per_task: int) -> list[Any]:
     """``Task`` objects over the held-out prompts of ``trajectories.py`` (configs from the official task configs)."""
-    from certainty_forcing.trajectories import read_jsonl
-    from dlm_decode.parallelbench.tasks import Task, load_task
-
     path = traj_dir / "heldout.jsonl"
     if not path.is_file() or per_task <= 0:
         return []
@@ -156,8 +160,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True, help="base checkpoint directory or demo name")
     ap.add_argument("--traj", required=True, help="directory from trajectories.py (train.jsonl, heldout.jsonl)")
-    ap.add_argument("--out", required=True, help="run directory (checkpoints/, export/, log.jsonl)")
-    ap.add_argument("--data-dir", default="/work/shared/data/parallelbench", help="official task configs (eval)")
+    ap.add_argument("--out", default=None, help="run directory (default: runs/certainty_forcing/<--traj's name>)")
+    ap.add_argument("--data", default=None, help=f"official ParallelBench directory, for --eval-every (${DATA_ENV})")
     ap.add_argument("--full", action="store_true", help="full fine-tuning instead of LoRA")
     ap.add_argument("--lora-rank", type=int, default=None, help="default: 128 LLaDA, 32 Dream (the references)")
     ap.add_argument("--lora-alpha", type=float, default=None, help="default: the rank")
@@ -202,20 +206,49 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             check_ratio_range(*args.ratio_range)
         except ValueError:
             ap.error(f"--ratio-range LOW HIGH must satisfy 0 < LOW <= HIGH < 1, got {args.ratio_range}")
+    if args.out is None:
+        args.out = str(Path("runs") / "certainty_forcing" / Path(args.traj).name.removeprefix("traj-"))
     return args
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    args = parse_args(argv)
-    from accelerate import Accelerator
-    from tqdm.auto import tqdm
-    from transformers import get_constant_schedule_with_warmup, get_cosine_schedule_with_warmup
+@dataclass
+class Run:
+    """A run's live objects, made by ``setup`` and advanced by ``train_step``."""
 
-    import dlm_decode
-    from certainty_forcing.evaluate import evaluate_tasks, parallel_decoding
-    from certainty_forcing.lora import add_lora, export, merge
+    args: argparse.Namespace
+    accelerator: Any
+    accum: int  # micro-batches per optimizer step on each process
+    rows: list[Row]
+    per_epoch: int
+    total: int
+    model: Any = None
+    tok: Any = None
+    arch: str = ""
+    beta: float = 0.0
+    mask_id: int = 0
+    params: list = field(default_factory=list)
+    opt: Any = None
+    sched: Any = None
+    eval_tasks: list = field(default_factory=list)
+    start_step: int = 0
+    elapsed: float = 0.0
+    last_eval: dict = field(default_factory=dict)
+    epochs: dict = field(default_factory=dict)
 
-    torch.set_num_threads(args.threads)
+    @property
+    def out(self) -> Path:
+        return Path(self.args.out)
+
+    @property
+    def log_path(self) -> Path:
+        return self.out / "log.jsonl"
+
+
+# ------------------------------------------------------------------------------------------------ set-up
+
+
+def make_accelerator(args: argparse.Namespace) -> tuple[Any, int]:
+    """accelerate with the step's accumulation: ``batch = accum x micro x processes`` (checked)."""
     # the scheduler is stepped once per optimizer step by hand (accelerate would step it once per process)
     accelerator = Accelerator(step_scheduler_with_optimizer=False)
     world = accelerator.num_processes
@@ -233,172 +266,200 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             gradient_accumulation_steps=accum,
             gradient_clipping=args.max_grad_norm,
         )
-    rank = accelerator.process_index
-    run_dir = Path(args.out)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    traj_dir = Path(args.traj)
-    demo = demo_train()
+    return accelerator, accum
 
+
+def setup(args: argparse.Namespace) -> Run:
+    """Trajectories, data checks, model (LoRA or full), optimizer and schedule, held-out tasks; the latest checkpoint
+    with ``--resume``. Every cheap check runs before a weight is read."""
+    torch.set_num_threads(args.threads)
+    accelerator, accum = make_accelerator(args)
+    traj_dir = Path(args.traj)
     rows = load_trajectories(traj_dir / "train.jsonl", args.max_rows)
-    if len(rows) < args.batch_size:  # an epoch would hold no full batch (checked before any weight is read)
+    if len(rows) < args.batch_size:  # an epoch would hold no full batch
         raise ValueError(
             f"{traj_dir / 'train.jsonl'}: {len(rows)} trajectories, fewer than --batch-size {args.batch_size}; "
             "decode more (trajectories.py --n-per-task) or lower --batch-size"
         )
-    lengths = [len(p) + len(r) for p, r in rows]
+    pb = data_dir(args.data) if args.eval_every else None
+    if args.eval_every:
+        get_sampler("entropy_threshold", {"eta": args.eval_eta})  # fail now, not after hours of training
     per_epoch = len(rows) // args.batch_size
     total = args.steps if args.steps is not None else max(1, round(args.epochs * per_epoch))
-
+    run = Run(args, accelerator, accum, rows, per_epoch, total)
+    run.out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(args.seed)
     # trained as the checkpoint stores its weights (the decode layout, models/layout.py, is measured for decoding only)
-    model, tok = dlm_decode.load_model(args.model, dtype=args.dtype, layout="official")
-    arch = arch_of(model)
-    beta = args.beta if args.beta is not None else BETA[arch]
-    mask_id, pad_id = model.mask_token_id, tok.pad_token_id
-    if args.full:
-        params = list(model.parameters())
-    else:
+    model, run.tok = dlm_decode.load_model(args.model, dtype=args.dtype, layout="official")
+    run.arch = arch_of(model)
+    run.beta = args.beta if args.beta is not None else BETA[run.arch]
+    run.mask_id = model.mask_token_id
+    if not args.full:
         model = add_lora(model, args.lora_rank, args.lora_alpha)
-        params = [p for p in model.parameters() if p.requires_grad]
+    run.params = [p for p in model.parameters() if p.requires_grad] if not args.full else list(model.parameters())
     model.train()
-    n_train = sum(p.numel() for p in params)
-    accelerator.print(
-        f"{arch}: {len(rows)} trajectories, {per_epoch} steps/epoch, {total} steps; batch {args.batch_size} = "
-        f"{accum} x micro {args.micro_batch_size} x {world} processes; {n_train / 1e6:.3f}M trainable parameters"
-        + ("" if args.full else " (LoRA)")
-    )
-    opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=args.weight_decay)
+    opt = torch.optim.AdamW(run.params, lr=args.lr, weight_decay=args.weight_decay)
     warmup = round(args.warmup_ratio * total)
     if args.schedule == "cosine":
         sched = get_cosine_schedule_with_warmup(opt, warmup, total)
     else:
         sched = get_constant_schedule_with_warmup(opt, warmup)
-    model, opt, sched = accelerator.prepare(model, opt, sched)
-
-    eval_tasks = heldout_tasks(traj_dir, args.data_dir, args.eval_per_task) if args.eval_every else []
-    if eval_tasks:
-        from dlm_decode.samplers import get_sampler
-
-        get_sampler("entropy_threshold", {"eta": args.eval_eta})  # fail now, not after hours of training
-
-    start_step, elapsed = 0, 0.0
-    log_path = run_dir / "log.jsonl"
-    ckpt = demo.latest_checkpoint(run_dir) if args.resume else None
-    if ckpt is not None:
-        accelerator.load_state(str(ckpt))
-        state = json.loads((ckpt / "trainer_state.json").read_text())
-        start_step, elapsed = state["step"], state.get("elapsed", 0.0)
-        accelerator.print(f"resumed from {ckpt} at step {start_step}")
-        if accelerator.is_main_process and log_path.is_file():  # drop records written after that checkpoint
-            keep = [ln for ln in log_path.read_text().splitlines() if json.loads(ln)["step"] <= start_step]
-            tmp = log_path.with_name(log_path.name + ".tmp")
-            tmp.write_text("".join(x + "\n" for x in keep))
-            os.replace(tmp, log_path)
-    elif accelerator.is_main_process:
-        log_path.unlink(missing_ok=True)
+    run.model, run.opt, run.sched = accelerator.prepare(model, opt, sched)
+    run.eval_tasks = heldout_tasks(traj_dir, pb, args.eval_per_task) if pb is not None else []
+    n_train = sum(p.numel() for p in run.params)
+    accelerator.print(
+        f"{run.arch}: {len(rows)} trajectories, {per_epoch} steps/epoch, {total} steps; batch {args.batch_size} = "
+        f"{accum} x micro {args.micro_batch_size} x {accelerator.num_processes} processes; "
+        f"{n_train / 1e6:.3f}M trainable parameters" + ("" if args.full else " (LoRA)")
+    )
+    restore(run)
     if accelerator.is_main_process:
-        (run_dir / "run.json").write_text(json.dumps({"arch": arch, "steps": total, "args": vars(args)}, indent=1))
+        meta = {"arch": run.arch, "steps": total, "args": vars(args)}
+        (run.out / "run.json").write_text(json.dumps(meta, indent=1))
+    return run
 
-    def log(record: dict) -> None:
-        if accelerator.is_main_process:
-            with open(log_path, "a") as f:
-                f.write(json.dumps(record) + "\n")
 
-    last_eval: dict[str, Any] = {}
+def restore(run: Run) -> None:
+    """With ``--resume``, load the latest checkpoint and drop log records written after it; else a fresh log."""
+    ckpt = latest_checkpoint(run.out) if run.args.resume else None
+    acc = run.accelerator
+    if ckpt is None:
+        if acc.is_main_process:
+            run.log_path.unlink(missing_ok=True)
+        return
+    acc.load_state(str(ckpt))
+    state = json.loads((ckpt / "trainer_state.json").read_text())
+    run.start_step, run.elapsed = state["step"], state.get("elapsed", 0.0)
+    acc.print(f"resumed from {ckpt} at step {run.start_step}")
+    if acc.is_main_process and run.log_path.is_file():
+        keep = [ln for ln in run.log_path.read_text().splitlines() if json.loads(ln)["step"] <= run.start_step]
+        tmp = run.log_path.with_name(run.log_path.name + ".tmp")
+        tmp.write_text("".join(x + "\n" for x in keep))
+        os.replace(tmp, run.log_path)
 
-    def run_eval(step: int) -> None:
-        if accelerator.is_main_process:
-            res = evaluate_tasks(
-                accelerator.unwrap_model(model),
-                tok,
-                eval_tasks,
-                parallel_decoding(args.eval_eta, args.block),
-                batch_size=args.eval_batch_size,
+
+# ------------------------------------------------------------------------------------------------ the step
+
+
+def batch_for(run: Run, step: int) -> list[int]:
+    """The example ids of ``step``: its epoch's seeded, length-bucketed batches (one epoch cached)."""
+    epoch = step // run.per_epoch
+    if epoch not in run.epochs:
+        run.epochs.clear()
+        lengths = [len(p) + len(r) for p, r in run.rows]
+        run.epochs[epoch] = epoch_batches(lengths, run.args.batch_size, run.args.seed + epoch)
+    return run.epochs[epoch][step % run.per_epoch]
+
+
+def train_step(run: Run, step: int) -> dict[str, float]:
+    """One optimizer step over ``accum`` micro-batches; the batch means of loss, CE, entropy, correct fraction."""
+    args, acc = run.args, run.accelerator
+    mine = batch_for(run, step)[acc.process_index :: acc.num_processes]
+    sums = torch.zeros(4)  # loss, ce, entropy, correct fraction (summed over this process's examples)
+    for j in range(run.accum):
+        ex = mine[j * args.micro_batch_size : (j + 1) * args.micro_batch_size]
+        with acc.accumulate(run.model):
+            per_ex, st = example_losses(
+                run.model,
+                [run.rows[i] for i in ex],
+                ex,
+                seed=args.seed,
+                step=step,
+                mask_id=run.mask_id,
+                pad_id=run.tok.pad_token_id,
+                arch=run.arch,
+                beta=run.beta,
+                temperature=args.temperature,
+                block=args.block,
+                ratio=args.ratio,
+                ratio_range=tuple(args.ratio_range) if args.ratio_range else None,
+                device=acc.device,
             )
-            last_eval.clear()
-            last_eval.update(res)
-            scores = {t.split("/")[-1]: v["score"] for t, v in res["tasks"].items()}
-            accelerator.print(json.dumps({"step": step, "score": res["score"], "nfe": res["nfe"], **scores}))
-            log({"step": step, "eval": res})
-        accelerator.wait_for_everyone()
+            acc.backward(per_ex.mean())
+            if acc.sync_gradients and args.max_grad_norm:
+                acc.clip_grad_norm_(run.params, args.max_grad_norm)
+            run.opt.step()
+            run.opt.zero_grad(set_to_none=True)
+        frac = st["n_correct"] / st["n_masked"].clamp(min=1)
+        sums += torch.stack([per_ex.sum(), st["ce"].sum(), st["entropy"].sum(), frac.sum()]).detach().cpu()
+    run.sched.step()
+    sums = acc.reduce(sums.to(acc.device), reduction="sum").cpu() / args.batch_size
+    loss, ce, ent, correct = (round(float(v), 4) for v in sums)
+    return {"loss": loss, "ce": ce, "entropy": ent, "correct": correct, "lr": run.sched.get_last_lr()[0]}
 
-    if eval_tasks and start_step == 0:
-        run_eval(0)
 
-    epoch_cache: dict[int, list[list[int]]] = {}
+# ------------------------------------------------------------------------------------------------ evaluation
 
-    def batch_for(step: int) -> list[int]:
-        epoch = step // per_epoch
-        if epoch not in epoch_cache:
-            epoch_cache.clear()
-            epoch_cache[epoch] = epoch_batches(lengths, args.batch_size, args.seed + epoch)
-        return epoch_cache[epoch][step % per_epoch]
 
-    bar = tqdm(total=total, initial=start_step, desc="certainty forcing", disable=not accelerator.is_main_process)
-    t_last = time.perf_counter()
-    for step in range(start_step, total):
-        mine = batch_for(step)[rank::world]
-        sums = torch.zeros(4)  # loss, ce, entropy, correct fraction (summed over this process's examples)
-        for j in range(accum):
-            ex = mine[j * args.micro_batch_size : (j + 1) * args.micro_batch_size]
-            with accelerator.accumulate(model):
-                per_ex, st = example_losses(
-                    model,
-                    [rows[i] for i in ex],
-                    ex,
-                    seed=args.seed,
-                    step=step,
-                    mask_id=mask_id,
-                    pad_id=pad_id,
-                    arch=arch,
-                    beta=beta,
-                    temperature=args.temperature,
-                    block=args.block,
-                    ratio=args.ratio,
-                    ratio_range=tuple(args.ratio_range) if args.ratio_range else None,
-                    device=accelerator.device,
-                )
-                accelerator.backward(per_ex.mean())
-                if accelerator.sync_gradients and args.max_grad_norm:
-                    accelerator.clip_grad_norm_(params, args.max_grad_norm)
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-            frac = st["n_correct"] / st["n_masked"].clamp(min=1)
-            sums += torch.stack([per_ex.sum(), st["ce"].sum(), st["entropy"].sum(), frac.sum()]).detach().cpu()
-        sched.step()
-        sums = accelerator.reduce(sums.to(accelerator.device), reduction="sum").cpu() / args.batch_size
-        now = time.perf_counter()
-        elapsed += now - t_last
-        t_last = now
-        done = step + 1
-        loss, ce, ent, correct = (round(float(v), 4) for v in sums)
-        bar.set_postfix(loss=f"{loss:.3f}", ce=f"{ce:.3f}", ent=f"{ent:.3f}")
-        bar.update(1)
-        lr = sched.get_last_lr()[0]
-        log({"step": done, "loss": loss, "ce": ce, "entropy": ent, "correct": correct, "lr": lr, "elapsed": elapsed})
-        if eval_tasks and (done % args.eval_every == 0 or done == total):
-            run_eval(done)
-            t_last = time.perf_counter()  # evaluation time is not training time
-        stop = args.stop_after is not None and done >= args.stop_after and done < total
-        if done % args.save_every == 0 or done == total or stop:
-            demo.save_checkpoint(accelerator, run_dir, done, {"elapsed": elapsed})
-        if stop:
-            bar.close()
-            accelerator.print(f"stopped at step {done} (--stop-after); continue with --resume")
-            return {"step": done}
-    bar.close()
-    summary = {"step": total, "train_seconds": round(elapsed, 1), "eval": last_eval}
-    if accelerator.is_main_process and not args.no_export:
-        core = accelerator.unwrap_model(model)
-        core = unwrap(core) if args.full else merge(core)
-        card = {"recipe": "certainty_forcing", "base": str(args.model), "arch": arch, **summary, "args": vars(args)}
-        export(core, tok, run_dir / "export", card)
-        accelerator.print(f"exported merged model to {run_dir / 'export'}")
-    accelerator.wait_for_everyone()
+def log(run: Run, record: dict) -> None:
+    if run.accelerator.is_main_process:
+        with open(run.log_path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+
+def run_eval(run: Run, step: int) -> None:
+    """The held-out prompts decoded with ``entropy_threshold`` at ``--eval-eta``: score and NFE, logged."""
+    acc = run.accelerator
+    if acc.is_main_process:
+        decoding = parallel_decoding(run.args.eval_eta, run.args.block)
+        res = evaluate_tasks(
+            acc.unwrap_model(run.model), run.tok, run.eval_tasks, decoding, batch_size=run.args.eval_batch_size
+        )
+        run.last_eval = res
+        scores = {t.split("/")[-1]: v["score"] for t, v in res["tasks"].items()}
+        acc.print(json.dumps({"step": step, "score": res["score"], "nfe": res["nfe"], **scores}))
+        log(run, {"step": step, "eval": res})
+    acc.wait_for_everyone()
+
+
+# ------------------------------------------------------------------------------------------------ checkpointing
+
+
+def finish(run: Run) -> dict[str, Any]:
+    """Merge the adapters (LoRA) and export the plain model to ``out/export`` with its card; the run's summary."""
+    summary = {"step": run.total, "train_seconds": round(run.elapsed, 1), "eval": run.last_eval}
+    acc = run.accelerator
+    if acc.is_main_process and not run.args.no_export:
+        core = acc.unwrap_model(run.model)
+        core = unwrap(core) if run.args.full else merge(core)
+        card = {"recipe": "certainty_forcing", "base": str(run.args.model), "arch": run.arch, **summary}
+        export(core, run.tok, run.out / "export", {**card, "args": vars(run.args)})
+        acc.print(f"exported merged model to {run.out / 'export'}")
+    acc.wait_for_everyone()
     return summary
 
 
-if __name__ == "__main__":
-    from dlm_decode.cli import run_script
+# ------------------------------------------------------------------------------------------------ the loop
 
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    run = setup(parse_args(argv))
+    args, acc = run.args, run.accelerator
+    if run.eval_tasks and run.start_step == 0:
+        run_eval(run, 0)
+    bar = tqdm(total=run.total, initial=run.start_step, desc="certainty forcing", disable=not acc.is_main_process)
+    t_last = time.perf_counter()
+    for step in range(run.start_step, run.total):
+        record = train_step(run, step)
+        now = time.perf_counter()
+        run.elapsed += now - t_last
+        done = step + 1
+        bar.set_postfix(loss=f"{record['loss']:.3f}", ce=f"{record['ce']:.3f}", ent=f"{record['entropy']:.3f}")
+        bar.update(1)
+        log(run, {"step": done, **record, "elapsed": run.elapsed})
+        if run.eval_tasks and (done % args.eval_every == 0 or done == run.total):
+            run_eval(run, done)
+        stop = args.stop_after is not None and done >= args.stop_after and done < run.total
+        if done % args.save_every == 0 or done == run.total or stop:
+            save_checkpoint(acc, run.out, done, {"elapsed": run.elapsed})
+        t_last = time.perf_counter()  # evaluation and checkpoint time is not training time
+        if stop:
+            bar.close()
+            acc.print(f"stopped at step {done} (--stop-after); continue with --resume")
+            return {"step": done}
+    bar.close()
+    return finish(run)
+
+
+if __name__ == "__main__":
     run_script(main, "certainty_forcing/train.py")

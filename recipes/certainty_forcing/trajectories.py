@@ -1,9 +1,9 @@
 """Distillation targets for certainty forcing: the base model's own verified one-token-per-step answers.
 
-    python recipes/certainty_forcing/trajectories.py --model dlm_decode/demo_models/demo-llada \
-        --out recipes/certainty_forcing/work/traj-llada --n-per-task 200
+    python -m recipes.certainty_forcing.trajectories --model demo-llada --data PARALLELBENCH_DIR \
+        [--out runs/certainty_forcing/traj-llada] --n-per-task 200
 
-Prompts are freshly generated ParallelBench samples (``generate_task`` through train_demo's ``build_split``) with this
+Prompts are freshly generated ParallelBench samples (``generate_task`` through ``prompts.build_split``) with this
 recipe's own seeds; every sample equal to an official test sample (``sample_key``) is dropped, and the training
 prompts also exclude the held-out evaluation prompts. Each prompt is decoded by the base model one token per step
 (``low_confidence``, ``steps = gen length``, block 32, temperature 0, as dParallel builds its targets) and kept only
@@ -25,20 +25,21 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+import torch
+from tqdm.auto import tqdm
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-import torch  # noqa: E402
-
-from certainty_forcing.common import WAITING_LINE, demo_data  # noqa: E402
-from certainty_forcing.evaluate import one_per_step, parallel_decoding  # noqa: E402
-from dlm_decode.options import is_real  # noqa: E402
+import dlm_decode
+from dlm_decode.cli import run_script
+from dlm_decode.options import is_real
+from dlm_decode.parallelbench.metrics import score_sample
+from recipes.certainty_forcing.common import WAITING_LINE
+from recipes.certainty_forcing.evaluate import one_per_step, parallel_decoding
+from recipes.pb_data import DATA_ENV, data_dir
+from recipes.prompts import build_split, official_keys
 
 TRAIN_SEED, HELDOUT_SEED = 11_000_003, 13_000_007  # far from the official five-digit seeds and from train_demo's
 
@@ -59,12 +60,11 @@ def read_jsonl(path: str | Path) -> list[dict]:
 def build_prompts(
     data_dir: str | Path, tasks: list[str], n_per_task: int, n_heldout: int, seed: int, heldout_seed: int
 ) -> tuple[list[dict], list[dict], dict[str, Any]]:
-    """(train rows, held-out rows, collisions dropped) with train_demo's generator wrapper and exclusion."""
-    data = demo_data()
-    official = data.official_keys(data_dir, tasks)
-    held, held_dropped, held_keys = data.build_split(data_dir, n_heldout, heldout_seed, tasks=tasks, exclude=official)
+    """(train rows, held-out rows, collisions dropped): official samples out of both, held-out ones out of train."""
+    official = official_keys(data_dir, tasks)
+    held, held_dropped, held_keys = build_split(data_dir, n_heldout, heldout_seed, tasks=tasks, exclude=official)
     exclude = {t: official[t] | held_keys[t] for t in tasks}
-    train, train_dropped, _ = data.build_split(data_dir, n_per_task, seed, tasks=tasks, exclude=exclude)
+    train, train_dropped, _ = build_split(data_dir, n_per_task, seed, tasks=tasks, exclude=exclude)
     return train, held, {"train": train_dropped, "heldout": held_dropped}
 
 
@@ -84,8 +84,6 @@ def decode_task(
 
     With ``eta``: each row is first decoded by dParallel's own decoder (``entropy_threshold`` at ``eta``) and that
     answer is kept when the verifier accepts it; only the rows it fails are decoded one token per step."""
-    import dlm_decode
-    from dlm_decode.parallelbench.metrics import score_sample
 
     def decode(chunk: list[dict], gl: int, args: dict[str, Any], decoder: str) -> tuple[list[dict], list[dict]]:
         msgs = [json.loads(r["messages"]) for r in chunk]
@@ -120,11 +118,11 @@ def decode_task(
     return kept
 
 
-def main(argv: list[str] | None = None) -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True, help="base checkpoint directory or demo name")
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--data-dir", default="/work/shared/data/parallelbench", help="official task configs and names")
+    ap.add_argument("--out", default=None, help="output directory (default: runs/certainty_forcing/traj-MODEL)")
+    ap.add_argument("--data", default=None, help=f"official ParallelBench directory (default: ${DATA_ENV})")
     ap.add_argument("--tasks", nargs="*", default=list(WAITING_LINE))
     ap.add_argument("--n-per-task", type=int, default=200, help="training prompts per task (before filtering)")
     ap.add_argument("--heldout-per-task", type=int, default=8)
@@ -151,30 +149,27 @@ def main(argv: list[str] | None = None) -> None:
         raise ValueError("--seed and --heldout-seed must differ")
     if args.eta is not None and not (is_real(args.eta) and args.eta > 0):
         raise ValueError(f"--eta must be a finite number > 0, got {args.eta}")
-    torch.set_num_threads(args.threads)
-    from tqdm.auto import tqdm
+    if args.out is None:
+        args.out = str(Path("runs") / "certainty_forcing" / f"traj-{Path(str(args.model)).name}")
+    return args
 
-    import dlm_decode
 
-    out = Path(args.out)
+def reusable_parts(out: Path, args: argparse.Namespace) -> Path:
+    """``out/parts``, emptied unless an earlier run made its per-task files with the same settings."""
     parts = out / "parts"
     parts.mkdir(parents=True, exist_ok=True)
-    # parts of an earlier run are reused only if they were made with the same settings
-    signature = json.dumps({k: v for k, v in vars(args).items() if k not in ("threads", "batch_size")}, sort_keys=True)
+    skip = ("threads", "batch_size", "out")
+    signature = json.dumps({k: v for k, v in vars(args).items() if k not in skip}, sort_keys=True)
     sig_path = parts / "signature.json"
     if not sig_path.is_file() or sig_path.read_text() != signature:
         for old in parts.glob("*.jsonl"):
             old.unlink()
         sig_path.write_text(signature)
-    t0 = time.perf_counter()
-    train_rows, held_rows, dropped = build_prompts(
-        args.data_dir, args.tasks, args.n_per_task, args.heldout_per_task, args.seed, args.heldout_seed
-    )
-    write_jsonl_atomic(
-        out / "heldout.jsonl",
-        [{k: r[k] for k in ("task", "messages", "sample", "max_new_tokens")} for r in held_rows],
-    )
-    model, tok = dlm_decode.load_model(args.model, dtype=args.dtype)
+    return parts
+
+
+def decode_tasks(model: Any, tok: Any, train_rows: list[dict], parts: Path, args: argparse.Namespace) -> tuple:
+    """(every kept trajectory, per-task statistics); a task finished by an interrupted run is read back."""
     by_task: dict[str, list[dict]] = {}
     for r in train_rows:
         by_task.setdefault(r["task"], []).append(r)
@@ -183,20 +178,14 @@ def main(argv: list[str] | None = None) -> None:
     bar = tqdm(total=len(train_rows), desc="trajectories")
     for task, rows in by_task.items():
         part = parts / (task.replace("/", "__") + ".jsonl")
-        if part.is_file():  # done in an earlier, interrupted run
+        if part.is_file():
             kept = read_jsonl(part)
             bar.update(len(rows))
         else:
             kept = decode_task(
-                model,
-                tok,
-                rows,
-                block=args.block,
-                batch_size=args.batch_size,
-                bar=bar,
-                keep_all=args.keep_unverified,
-                eta=args.eta,
-            )
+                model, tok, rows, block=args.block, batch_size=args.batch_size, bar=bar,
+                keep_all=args.keep_unverified, eta=args.eta,
+            )  # fmt: skip
             write_jsonl_atomic(part, kept)
         correct = sum(r["score"] == 1.0 for r in kept)
         rate = round(correct / max(len(rows), 1), 3)
@@ -206,6 +195,25 @@ def main(argv: list[str] | None = None) -> None:
         bar.set_postfix(task=task.split("/")[-1], verified=f"{rate:.2f}")
         kept_all += kept
     bar.close()
+    return kept_all, stats
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    pb = data_dir(args.data)
+    torch.set_num_threads(args.threads)
+    out = Path(args.out)
+    parts = reusable_parts(out, args)
+    t0 = time.perf_counter()
+    train_rows, held_rows, dropped = build_prompts(
+        pb, args.tasks, args.n_per_task, args.heldout_per_task, args.seed, args.heldout_seed
+    )
+    write_jsonl_atomic(
+        out / "heldout.jsonl",
+        [{k: r[k] for k in ("task", "messages", "sample", "max_new_tokens")} for r in held_rows],
+    )
+    model, tok = dlm_decode.load_model(args.model, dtype=args.dtype)
+    kept_all, stats = decode_tasks(model, tok, train_rows, parts, args)
     write_jsonl_atomic(out / "train.jsonl", kept_all)
     meta = {
         "model": str(args.model),
@@ -227,6 +235,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    from dlm_decode.cli import run_script
-
     run_script(main, "certainty_forcing/trajectories.py")

@@ -1,6 +1,6 @@
 """Learn2PD step 3 (sanity check): decode held-out prompts with a trained filter and compare with one token per step.
 
-    python recipes/learn2pd/check_filter.py --model demo-llada --data recipes/train_demo/work/data --split eval \
+    python -m recipes.learn2pd.check_filter --model demo-llada --prompts runs/learn2pd/prompts --split eval \
         --limit 128 --filter dlm_decode/demo_models/demo-llada/learn2pd_filter.safetensors
 
 For each prompt: LLaDA low-confidence one token per step (the answer the oracle was trained to reproduce), the
@@ -21,12 +21,10 @@ from pathlib import Path
 import torch
 
 import dlm_decode
+from dlm_decode.cli import run_script
 from dlm_decode.decode.oracle import oracle_generate
 from dlm_decode.samplers.learned_filter import filter_config
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from oracle_data import load_prompts, model_sha256  # noqa: E402
+from recipes.learn2pd.oracle_data import load_prompts, model_sha256
 
 
 def _relative(path: str) -> str:
@@ -38,7 +36,7 @@ def _relative(path: str) -> str:
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", required=True)
-    ap.add_argument("--data", required=True)
+    ap.add_argument("--prompts", default="runs/learn2pd/prompts", help="prompts.py's set, or a jsonl of prompts")
     ap.add_argument("--split", default="eval")
     ap.add_argument("--limit", type=int, default=128)
     ap.add_argument("--filter", required=True)
@@ -51,7 +49,7 @@ def main(argv: list[str] | None = None) -> dict:
         torch.set_num_threads(args.threads)
     model, tok = dlm_decode.load_model(args.model)
     groups = defaultdict(list)
-    for p, n in load_prompts(args.data, args.split, args.limit, seed=0):
+    for p, n in load_prompts(args.prompts, args.split, args.limit, seed=0):
         groups[n or args.block_length].append(p)
     nfe, same, count = defaultdict(float), defaultdict(int), 0
     for gen, items in sorted(groups.items()):
@@ -90,6 +88,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    from dlm_decode.cli import run_script
-
     run_script(main, "learn2pd/check_filter.py")

@@ -1,7 +1,7 @@
 """Learn2PD step 1: oracle training data ("extremely greedy parallel" records) for the parallel-decoding filter.
 
-    python recipes/learn2pd/oracle_data.py --model demo-llada --data recipes/train_demo/work/data --split train \
-        --limit 2000 --block-length 32 --out recipes/learn2pd/work/demo-llada-oracle
+    python -m recipes.learn2pd.oracle_data --model demo-llada --prompts runs/learn2pd/prompts --split train \
+        --limit 2000 --block-length 32 --out runs/learn2pd/demo-llada-oracle
 
 For every prompt: decode once one token per step (LLaDA low-confidence, ``steps = gen_length``) to get the reference
 answer, then re-decode with ``samplers.oracle.Oracle`` (commit exactly the block slots whose proposal equals the
@@ -36,9 +36,12 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
+from tqdm.auto import tqdm
 
 import dlm_decode
+from dlm_decode.cli import run_script
 from dlm_decode.decode.oracle import oracle_generate
+from dlm_decode.models.loading import resolve_model_path
 from dlm_decode.samplers.base import candidates
 from dlm_decode.samplers.learned_filter import LearnedFilter, filter_config, load_filter
 from dlm_decode.samplers.oracle import check_reference, reference_canvas
@@ -47,8 +50,6 @@ from dlm_decode.samplers.oracle import check_reference, reference_canvas
 def model_sha256(name_or_path: str) -> str | None:
     """Hash of the checkpoint weights (``model.safetensors`` or its shards; not a filter shipped beside them), so a
     filter can be matched to the model it was trained for."""
-    from dlm_decode.models.loading import resolve_model_path
-
     files = sorted(resolve_model_path(name_or_path).glob("model*.safetensors"))
     if not files:
         return None
@@ -180,7 +181,6 @@ def collect(
     stats = {"prompts": 0, "reference_nfe": 0, second: 0, "tokens": 0}
     if policy is not None:
         stats["policy_same_as_reference"] = 0
-    from tqdm.auto import tqdm
 
     bar = tqdm(total=sum(len(v) for v in groups.values()), unit="prompt", desc="records", disable=not progress)
     for gen, items in sorted(groups.items()):
@@ -211,7 +211,9 @@ def collect(
 def add_decode_args(ap: argparse.ArgumentParser) -> None:
     """The model, prompt and decoding flags of a record collection (this script and ``rounds.py``)."""
     ap.add_argument("--model", required=True, help="checkpoint directory or demo name (demo-llada)")
-    ap.add_argument("--data", required=True, help="save_to_disk directory or jsonl of prompts")
+    ap.add_argument(
+        "--prompts", default="runs/learn2pd/prompts", help="save_to_disk directory (prompts.py) or jsonl of prompts"
+    )
     ap.add_argument("--split", default="train")
     ap.add_argument("--limit", type=int, default=None)
     ap.add_argument("--seed", type=int, default=0, help="rows are a seeded random subset (-1: the first rows)")
@@ -251,7 +253,7 @@ def main(argv: list[str] | None = None) -> dict:
             print(f"warning: policy {args.policy} was trained for other weights than {args.model}'s", file=sys.stderr)
     model, tok = dlm_decode.load_model(args.model)
     start = time.perf_counter()
-    prompts = load_prompts(args.data, args.split, args.limit, None if args.seed < 0 else args.seed)
+    prompts = load_prompts(args.prompts, args.split, args.limit, None if args.seed < 0 else args.seed)
     conf, label, stats = collect(
         model,
         prompts,
@@ -269,7 +271,7 @@ def main(argv: list[str] | None = None) -> dict:
     stats |= {
         "model": str(args.model),
         "model_sha256": sha,
-        "data": str(args.data),
+        "data": str(args.prompts),
         "split": args.split,
         "block_length": args.block_length,
         "positive_rate": float(label.mean()) if label.numel() else 0.0,
@@ -284,6 +286,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    from dlm_decode.cli import run_script
-
     run_script(main, "learn2pd/oracle_data.py")

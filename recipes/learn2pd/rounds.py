@@ -1,7 +1,7 @@
 """Learn2PD with on-policy rounds (DAgger-style; an extension, not in Learn2PD, which trains on oracle records only).
 
-    python recipes/learn2pd/rounds.py --model demo-llada --data recipes/train_demo/work/data --split train \
-        --limit 400 --batch-size 32 --block-length 32 --rounds 2 --work recipes/learn2pd/work/demo-llada-rounds
+    python -m recipes.learn2pd.rounds --model demo-llada --prompts runs/learn2pd/prompts --split train \
+        --limit 400 --batch-size 32 --block-length 32 --rounds 2 --work runs/learn2pd/demo-llada-rounds
 
 Round 0 is the plain recipe: ``oracle_data.py`` records along the oracle's trajectories (``records_0``) and
 ``train_filter.py`` on them (``filter_0``). Round k (1..``--rounds``): ``oracle_data.py --policy filter_{k-1}``
@@ -17,13 +17,10 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import oracle_data  # noqa: E402
-import train_filter  # noqa: E402
+from dlm_decode.cli import run_script
+from recipes.learn2pd import oracle_data, train_filter
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -36,13 +33,13 @@ def main(argv: list[str] | None = None) -> dict:
     )
     ap.add_argument("--epochs", type=int, default=2000)
     ap.add_argument("--lr", type=float, default=3e-3)
-    ap.add_argument("--work", required=True, help="directory for records_k and filter_k")
+    ap.add_argument("--work", default="runs/learn2pd/rounds", help="directory for records_k and filter_k")
     ap.add_argument("--out", default=None, help="copy the last filter here (path without suffix)")
     args = ap.parse_args(argv)
     if args.rounds < 0:
         ap.error("--rounds must be >= 0")
     work = Path(args.work)
-    common = ["--model", args.model, "--data", args.data, "--split", args.split, "--seed", str(args.seed)]
+    common = ["--model", args.model, "--prompts", args.prompts, "--split", args.split, "--seed", str(args.seed)]
     common += ["--gen-length", str(args.gen_length), "--block-length", str(args.block_length)]
     common += ["--batch-size", str(args.batch_size)]
     if args.limit is not None:
@@ -86,6 +83,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    from dlm_decode.cli import run_script
-
     run_script(main, "learn2pd/rounds.py")

@@ -1,6 +1,6 @@
 """Learn2PD step 2: train the parallel-decoding filter on oracle records.
 
-    python recipes/learn2pd/train_filter.py --data recipes/learn2pd/work/demo-llada-oracle \
+    python -m recipes.learn2pd.train_filter --data runs/learn2pd/demo-llada-oracle \
         --out dlm_decode/demo_models/demo-llada/learn2pd_filter
 
 The filter is ``samplers.learned_filter.FilterMLP`` (``block -> block -> block``, about 2.1k parameters for block 32)
@@ -28,6 +28,7 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
+from dlm_decode.cli import run_script
 from dlm_decode.samplers.learned_filter import FilterMLP, save_filter
 
 
@@ -165,6 +166,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    from dlm_decode.cli import run_script
-
     run_script(main, "learn2pd/train_filter.py")

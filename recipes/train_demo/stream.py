@@ -40,7 +40,16 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from aux_rows import (  # noqa: F401 (the row kinds' names and questions, imported from here by probes and tests)
+from dlm_decode.parallelbench.generator import (
+    WAITING_LINE_OPS,
+    generate_task,
+    list_to_str,
+    load_names,
+    random_answer,
+    sample_key,
+)
+from dlm_decode.parallelbench.tasks import answer_text, build_messages, load_task, max_new_tokens
+from recipes.train_demo.aux_rows import (  # noqa: F401 (the row kinds' names and questions, imported from here by tests)
     _AUX,
     AUX_TASKS,
     BLANK,
@@ -69,16 +78,6 @@ from aux_rows import (  # noqa: F401 (the row kinds' names and questions, import
     lookup_query,
     missing_query,
 )
-
-from dlm_decode.parallelbench.generator import (
-    WAITING_LINE_OPS,
-    generate_task,
-    list_to_str,
-    load_names,
-    random_answer,
-    sample_key,
-)
-from dlm_decode.parallelbench.tasks import answer_text, build_messages, load_task, max_new_tokens
 
 # the generator's ten operations, the four whole-list ones first; the order fixes which task a seeded draw picks, so it
 # is part of the data
@@ -404,7 +403,7 @@ MIN_PEOPLE, MAX_PEOPLE = 2, 6
 
 
 def list_lengths(text: str, where: str) -> tuple[int, int]:
-    """``"2-3"`` -> (2, 3), ``"4"`` -> (4, 4): a list-length range (a stage's ``len``, ``probe.py --len``); a clear
+    """``"2-3"`` -> (2, 3), ``"4"`` -> (4, 4): a list-length range (a stage's ``lengths``); a clear
     error naming ``where`` otherwise."""
     lo, dash, hi = text.partition("-")
     try:
@@ -412,7 +411,7 @@ def list_lengths(text: str, where: str) -> tuple[int, int]:
     except ValueError:
         out = (0, 0)
     if not MIN_PEOPLE <= out[0] <= out[1] <= MAX_PEOPLE:
-        raise SystemExit(f"{where}: len must be LO-HI with {MIN_PEOPLE} <= LO <= HI <= {MAX_PEOPLE}, got {text!r}")
+        raise ValueError(f"{where}: len must be LO-HI with {MIN_PEOPLE} <= LO <= HI <= {MAX_PEOPLE}, got {text!r}")
     return out
 
 
@@ -440,10 +439,8 @@ def heldout(data_dir: str | Path, seed: int, per_task: int, exclude: Mapping[str
 
 
 def official_keys(data_dir: str | Path) -> dict[str, set]:
-    """``sample_key`` of every official test sample, per task (data.py's rule, over this module's tasks)."""
-    from data import official_keys as keys_per_task  # recipes/train_demo/data.py
-
-    return keys_per_task(data_dir, list(TASKS))
+    """``sample_key`` of every official test sample, per task."""
+    return {t: {sample_key(s) for s in load_task(data_dir, t).samples} for t in TASKS}
 
 
 def excluded_prompts(data_dir: str | Path, tok: Any, held: Mapping[str, Sequence[dict]]) -> set[tuple[int, ...]]:

@@ -1,6 +1,8 @@
 """Train the demo models' BPE tokenizer (LLaDA special tokens and chat template) on generated ParallelBench text.
 
-    python recipes/train_demo/tokenizer.py --data recipes/train_demo/work/data --out recipes/train_demo/work/tokenizer
+    python -m recipes.train_demo.tokenizer --data PARALLELBENCH_DIR --out runs/train_demo/tokenizer
+
+The merges are learned on freshly generated prompts, short rows and answers of every task (``stream.corpus``).
 
 Pre-tokenization keeps the task vocabulary compact: a word with its optional leading space is one piece
 (``" Ramos"``), every digit is its own piece (sudoku grids stay one token per cell), and a run of punctuation and
@@ -13,11 +15,16 @@ tokens. Pieces are byte-level mapped (GPT-2 alphabet), so any text round-trips. 
 from __future__ import annotations
 
 import argparse
+import json
 from collections.abc import Iterable
 from pathlib import Path
 
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
+
+from dlm_decode.cli import run_script
+from recipes.pb_data import DATA_ENV, data_dir
+from recipes.train_demo.stream import corpus
 
 BOS, EOS, MASK = "<|startoftext|>", "<|endoftext|>", "<|mdm_mask|>"
 HEADER_START, HEADER_END, EOT = "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"
@@ -87,8 +94,6 @@ def save_tokenizer(tok: PreTrainedTokenizerFast, out: str | Path) -> None:
 
 
 def fold_chat_template(out: str | Path) -> None:
-    import json
-
     out = Path(out)
     cfg_path, jinja = out / "tokenizer_config.json", out / "chat_template.jinja"
     cfg = json.loads(cfg_path.read_text())
@@ -99,41 +104,14 @@ def fold_chat_template(out: str | Path) -> None:
     cfg_path.write_text(json.dumps(cfg, indent=2, ensure_ascii=False) + "\n")
 
 
-def chat_texts(rows: Iterable[dict]) -> Iterable[str]:
-    """The text the tokenizer should compress: every turn's content and every target answer."""
-    import json
-
-    for row in rows:
-        for m in json.loads(row["messages"]):
-            yield m["content"]
-        yield row["target"]
-
-
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    src = ap.add_mutually_exclusive_group(required=True)
-    src.add_argument(
-        "--parallelbench",
-        help="official ParallelBench directory (configs and names only): learn the "
-        "merges on freshly generated prompts, short rows and answers (stream.corpus)",
-    )
-    src.add_argument("--data", help="dataset directory written by data.py")
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--data", default=None, help=f"official ParallelBench directory (default ${DATA_ENV})")
+    ap.add_argument("--out", default="runs/train_demo/tokenizer")
     ap.add_argument("--vocab-size", type=int, default=1024)
-    ap.add_argument("--max-rows", type=int, default=30000, help="rows of the train split to learn merges from")
-    ap.add_argument("--per-task", type=int, default=1500, help="generated samples per task (--parallelbench)")
-    args = ap.parse_args()
-
-    if args.parallelbench:
-        from stream import corpus
-
-        texts: Iterable[str] = corpus(args.parallelbench, args.per_task, seed=5_000_011)
-    else:
-        from datasets import load_from_disk
-
-        train = load_from_disk(args.data)["train"]
-        rows = train.shuffle(seed=0).select(range(min(args.max_rows, len(train))))  # rows are grouped by task
-        texts = chat_texts(rows)
+    ap.add_argument("--per-task", type=int, default=1500, help="generated samples per task to learn the merges from")
+    args = ap.parse_args(argv)
+    texts = corpus(data_dir(args.data), args.per_task, seed=5_000_011)
     tok = train_tokenizer(texts, vocab_size=args.vocab_size)
     Path(args.out).mkdir(parents=True, exist_ok=True)
     save_tokenizer(tok, args.out)
@@ -141,6 +119,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from dlm_decode.cli import run_script
-
     run_script(main, "train_demo/tokenizer.py")

@@ -1,0 +1,90 @@
+"""Every within-block rule on a block-causal model (LLaDA2): it decodes (no MASK left, the prompt untouched), and the
+exact cache gives the tokens and the forwards of decoding without a cache; rules that cannot work say why first."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from checkpoints import write_tokenizer
+from conftest import SHARED_DATA
+from llada2_reference import MASK, write_llada2
+
+import dlm_decode
+from dlm_decode.cli import main
+from dlm_decode.models.loading import load_model
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+PROMPTS = [[1, 2, 3], list(range(3, 19))]  # mid-block and on the 16 boundary, in one batch
+
+RULES = {
+    "low_confidence": {},
+    "threshold": {"threshold": 0.5},
+    "factor": {"factor": 1.0},
+    "entropy_threshold": {"eta": 0.5},
+    "local_leap": {},
+    "early_commit": {},
+    "lossless": {},
+    "llada2": {"threshold": 0.7},
+    "token_editing": {"threshold": 0.7, "editing_threshold": 0.6, "max_post_steps": 2},
+}
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    return load_model(write_llada2(tmp_path_factory.mktemp("llada2") / "m", seed=5))[0]
+
+
+@pytest.mark.parametrize("name", sorted(RULES))
+def test_rule_runs_and_the_exact_cache_changes_nothing(model, name):
+    kw = dict(sampler=name, sampler_options=RULES[name], gen_length=32, block_length=16, steps=32)
+    none = dlm_decode.generate(model, PROMPTS, cache="none", **kw)
+    exact = dlm_decode.generate(model, PROMPTS, cache="prefix", **kw)
+    p = none.sequences.shape[1] - 32
+    for i, pr in enumerate(PROMPTS):
+        assert none.sequences[i, p - len(pr) : p].tolist() == pr
+        assert MASK not in none.rows[i].generated_ids
+        assert exact.rows[i].generated_ids == none.rows[i].generated_ids, (name, i)
+    assert exact.nfe == none.nfe
+    assert exact.token_forwards < none.token_forwards
+
+
+def test_learned_filter_runs_without_a_filter_or_says_why(model):
+    out = dlm_decode.generate(
+        model,
+        PROMPTS,
+        sampler="learned_filter",
+        sampler_options={"eotp": True},
+        gen_length=32,
+        block_length=16,
+        steps=32,
+    )
+    assert all(MASK not in r.generated_ids for r in out.rows)
+    with pytest.raises(ValueError, match="filter"):
+        dlm_decode.generate(
+            model,
+            PROMPTS,
+            sampler="learned_filter",
+            sampler_options={"filter": "shipped"},
+            gen_length=32,
+            block_length=16,
+        )
+
+
+def test_adaptive_block_is_refused_before_any_work(model):
+    with pytest.raises(ValueError, match="block-causal"):
+        dlm_decode.generate(model, PROMPTS, sampler="adaptive_block", gen_length=32, block_length=16)
+
+
+def test_parallelbench_runner_and_cli_take_the_family(tmp_path, capsys):
+    """The runner loads a LLaDA2 checkpoint, decodes open-ended with the preset and the default exact cache."""
+    if not (SHARED_DATA / "waiting_line").exists():
+        pytest.skip("official ParallelBench data not present")
+    path = write_llada2(tmp_path / "m", seed=5)
+    write_tokenizer(path)
+    argv = ["parallelbench", "--model", str(path), "--data", str(SHARED_DATA), "--tasks", "waiting_line/copy"]
+    assert main(argv + ["--limit", "2", "--preset", "llada2", "--json"]) == 0
+    (entry,) = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["tasks"]
+    assert entry["n"] == 2 and entry["sampler"]["name"] == "llada2" and entry["cache"]["name"] == "prefix"
+    assert entry["nfe"] >= 1
