@@ -263,6 +263,17 @@ def _is_reference(kw: dict[str, Any]) -> bool:
     return same and not kw.get("sampler_options") and not kw.get("cache_options") and not kw.get("stop_at_eos")
 
 
+def _score(result: TaskResult, task: Task, texts: list[str], nfe: list[int]) -> None:
+    """Score the answers into ``result``: mean and strict score, forwards, tokens per step, per-sample outputs."""
+    n, gen = len(task), result.gen_length
+    scores = [score_sample(_metric_key(task), texts[i], task.samples[i]) for i in range(n)]
+    result.score = 100.0 * sum(s["score"] for s in scores) / n
+    result.score_strict = 100.0 * sum(s["score_strict"] for s in scores) / n
+    result.nfe = sum(nfe) / n
+    result.tokens_per_step = gen / result.nfe if result.nfe else None
+    result.outputs = [{"text": texts[i], "score": scores[i]["score"], "nfe": nfe[i]} for i in range(n)]
+
+
 def run_task(
     model: Any,
     tokenizer: Any,
@@ -330,12 +341,8 @@ def run_task(
                 trace0 = out.trace[j].tolist()
         bar.update(len(idx))
     bar.close()
-    scores = [score_sample(_metric_key(task), texts[i], task.samples[i]) for i in range(len(task))]
+    _score(result, task, texts, nfe)
     n = len(task)
-    result.score = 100.0 * sum(s["score"] for s in scores) / n
-    result.score_strict = 100.0 * sum(s["score_strict"] for s in scores) / n
-    result.nfe = sum(nfe) / n
-    result.tokens_per_step = gen / result.nfe if result.nfe else None
     result.token_forwards = token_forwards / n
     result.accepted_steps_per_call = accepted / calls if calls else None
     result.seconds = seconds
@@ -343,7 +350,6 @@ def run_task(
     result.errors = errors
     result.threads = torch.get_num_threads()
     result.trace = trace0
-    result.outputs = [{"text": texts[i], "score": scores[i]["score"], "nfe": nfe[i]} for i in range(n)]
     if as_oracle:
         result.sampler = {"name": "oracle"}
     if want_oracle:
