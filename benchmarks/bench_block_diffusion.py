@@ -16,7 +16,8 @@ one thread. Three ways, same tokens (checked):
 
 Each repeat runs the three back to back, the order rotating per repeat (interleaved); tokens/s is generated tokens
 (up to the first EOS, as returned) over wall seconds, median over repeats. Ratios: ours / reference and ours / sdar
-per batch. The last line is one JSON object.
+per batch. The last line is one JSON object. lm_head's MASK row is zeroed: the reference's argmax may pick MASK
+(and commit it), ours never does (docs/block_diffusion.md), which would make the tokens differ.
 """
 
 from __future__ import annotations
@@ -151,6 +152,8 @@ def main(argv: list[str] | None = None) -> int:
             intermediate_size=2 * args.hidden,
         )
         model, _ = load_model(path)
+    with torch.no_grad():  # the reference can propose (and commit) MASK, we never do: keep MASK's logit at 0
+        model.lm_head.weight[MASK] = 0.0
     result = {
         "threads": args.threads,
         "prompt": args.prompt,

@@ -142,7 +142,7 @@ def test_capabilities_are_one_frozen_traits_dataclass():
     from dlm_decode.samplers import SamplerTraits
     from dlm_decode.samplers.base import Sampler
 
-    flags = {"blockwise", "fixed_budget", "follows_model_defaults", "option_defaults", "reads_candidates_only"}
+    flags = {"blockwise", "fixed_budget", "follows_model_defaults", "option_defaults", "reads_candidates_only", "edits"}
     assert {f.name for f in dataclasses.fields(SamplerTraits)} == flags
     loose = flags | {"commits_every_step", "greedy_only"}
     for name in SAMPLERS:
