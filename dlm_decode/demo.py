@@ -32,6 +32,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from dlm_decode.core.inputs import ModelFacts
 from dlm_decode.core.words import plural
 
 HELD_OUT_SEED = 3_000_017  # official seeds are five-digit; the demo model trains on 7_000_001+ and evals on 9_000_001+
@@ -208,6 +209,8 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"{args.model} ships no tokenizer: the demo needs one for its chat prompts")
     configs = [_with_shipped_filter(c, args.model) for c in demo_configs(args.quick, args.max_configs)]
     configs = [_with_tokenizer_delimiters(c, tok) for c in configs]
+    if ModelFacts.of_model(model).block_causal:  # open-ended answers: no fixed-length oracle bound (samplers/oracle)
+        configs = [{k: v for k, v in c.items() if k != "oracle"} for c in configs]
     warm_up(model, tok, tasks)
     print(
         f"demo: {args.model}, {plural(len(tasks), 'task')} x {plural(samples, 'sample')} (seed {args.seed}), "

@@ -122,3 +122,17 @@ def test_demo_gives_adaptive_block_the_tokenizers_newline_ids():
     ids = cfg["sampler_options"]["delimiter_ids"]
     assert ids and all("\n" in tok.decode([i]) for i in ids)
     assert _with_tokenizer_delimiters({"sampler": "threshold"}, tok) == {"sampler": "threshold"}
+
+
+def test_demo_on_the_block_causal_demo_model_shows_the_exact_cache(capsys):
+    """`make demo`'s second line: demo-llada2's cached row equals its uncached one (same score, same forwards);
+    `dual` and the fixed-length oracle bound are listed as not applying, with the reason."""
+    assert main(["demo", "--model", "dlm_decode/demo_models/demo-llada2", "--quick", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    rows = {(r["task"], r["sampler"], r["cache"]): r for r in out["rows"]}
+    tasks = {r["task"] for r in out["rows"]}
+    for t in tasks:
+        plain, cached = rows[(t, "threshold", "none")], rows[(t, "threshold", "prefix")]
+        assert (cached["score"], cached["nfe"]) == (plain["score"], plain["nfe"])
+        assert "does not apply to the block-causal model" in rows[(t, "threshold", "dual")]["skipped"]
+    assert any(r["score"] > 0 for r in out["rows"] if r.get("score") is not None)  # it decodes something right

@@ -19,7 +19,7 @@ alone.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 
@@ -55,6 +55,14 @@ class Oracle(Sampler):
 
     def check(self, config, num_blocks: int) -> None:
         check_reference(self.name, self.reference, config.gen_length)
+
+    def with_model(self, facts: Any) -> Oracle:
+        if facts is not None and getattr(facts, "block_causal", False):
+            raise ValueError(
+                f"{self.name}: the per-sample bound labels a fixed gen_length answer, but the block-causal model "
+                f"{facts.model_type!r} decodes open-ended to the block holding EOS; not supported for it yet"
+            )
+        return self
 
     def max_block_steps(self, state: DecodeState) -> int:
         return 2 * int((state.block_end - state.block_start).max())
