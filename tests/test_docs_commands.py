@@ -93,6 +93,16 @@ REWRITES = (
     ),
     Rewrite(r"^python benchmarks/bench_weight_layout\.py", "interleaved timing rounds: one", append="--repeats 1"),
     Rewrite(r"^python benchmarks/profile_decode\.py", "gen 256 x 5 repeats: gen 32, 1", append="--gen 32 --repeats 1"),
+    Rewrite(
+        r"^python benchmarks/cache_ratios\.py",
+        "12 tasks x 3 samples x 10 caches x 2 interleaved rounds: one task, one sample, one round",
+        append="--tasks waiting_line/copy --limit 1 --batch-size 1 --rounds 1",
+    ),
+    Rewrite(
+        r"^python benchmarks/elastic_drift\.py",
+        "12 tasks x 3 samples x 3 gammas: one task, one sample",
+        append="--tasks waiting_line/copy --limit 1",
+    ),
 )
 
 NOT_RUN = {
@@ -109,7 +119,10 @@ EXPECT = {  # block (file, text it contains) -> what its stdout must contain
     ("docs/samplers.md", 'generate demo-llada --chat "$COPY"'): "Mary Johnson",
 }
 
-NEEDS_DATA = re.compile(r"dlm-decode (parallelbench|eval)|\.\./shared|parallelbench_|bench_lossless|bench_speed\.py")
+NEEDS_DATA = re.compile(
+    r"dlm-decode (parallelbench|eval)|\.\./shared|parallelbench_|bench_lossless|bench_speed\.py"
+    r"|cache_ratios|elastic_drift"
+)
 NEEDS_EVAL = re.compile(r"dlm-decode eval|import lm_eval")
 
 

@@ -132,3 +132,14 @@ def test_chat_default_follows_the_checkpoint_unless_given(llada_dir, tmp_path):
     assert chat.prompt_ids == explicit.prompt_ids != plain.prompt_ids
     with pytest.raises(ValueError, match="chat must be True, False or None"):
         dlm_decode.generate(model, [COPY_PROMPT], tokenizer=tok, chat="yes")
+
+
+def test_a_config_leaving_lengths_unset_takes_the_checkpoint_lengths_without_a_clash(with_config):
+    """The lm-eval plugin passes a DecodeConfig with the block unset: the checkpoint's block fills it (no
+    'given both in config= and as keywords' error), and a length the config sets still wins."""
+    from dlm_decode.core.config import DecodeConfig
+
+    facts = model_facts(with_config)
+    req = check_request(facts, config=DecodeConfig(gen_length=64))
+    assert req.block_length == facts.generation.block_length != DecodeConfig.block_length
+    assert check_request(facts, config=DecodeConfig(gen_length=64, block_length=8)).block_length == 8

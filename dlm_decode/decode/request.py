@@ -112,7 +112,12 @@ def check_request(
     """Check a request against the model's facts (None: only what the arguments decide) and the prompt ``rows``
     (token ids; None: no prompts yet, so only that the generation leaves room for one)."""
     smp = get_sampler(sampler, sampler_options).with_model(facts)
-    cfg = decode_config(config, **with_model_lengths(facts, smp, config, config_kwargs))
+    unset = ("gen_length", "block_length", "steps")  # a length given as None is left to the config / checkpoint
+    own = {k: v for k, v in config_kwargs.items() if v is not None or k not in unset}
+    cfg = decode_config(config, **own)
+    filled = {k: v for k, v in with_model_lengths(facts, smp, config, own).items() if k not in own}
+    if filled:  # the checkpoint's lengths go onto the config: a caller's DecodeConfig leaving them unset is no clash
+        cfg = dataclasses.replace(cfg, **filled)
     pol = get_cache(default_cache(facts) if cache is None else cache, cache_options)
     block, steps = resolve_lengths(cfg.gen_length, cfg.block_length, cfg.steps, blockwise=smp.traits.blockwise)
     block_causal = facts is not None and facts.block_causal
