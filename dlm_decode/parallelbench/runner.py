@@ -347,16 +347,20 @@ def run_task(
     result.accepted_steps_per_call = accepted / calls if calls else None
     result.seconds = seconds
     result.tokens_per_second = n * gen / seconds if seconds > 0 else None
-    result.errors = errors
-    result.threads = torch.get_num_threads()
-    result.trace = trace0
+    result.errors, result.threads, result.trace = errors, torch.get_num_threads(), trace0
     if as_oracle:
         result.sampler = {"name": "oracle"}
     if want_oracle:
-        result.oracle_nfe = sum(oracle_nfe) / n
-        ref_scores = [score_sample(_metric_key(task), ref_texts[i], task.samples[i])["score"] for i in range(n)]
-        result.oracle_score = 100.0 * sum(ref_scores) / n
+        _score_oracle(result, task, ref_texts, oracle_nfe)
     return result
+
+
+def _score_oracle(result: TaskResult, task: Task, ref_texts: list[str], oracle_nfe: list[int]) -> None:
+    """The per-sample oracle bound into ``result``: its forwards and its reference answers' score."""
+    n = len(task)
+    result.oracle_nfe = sum(oracle_nfe) / n
+    ref_scores = [score_sample(_metric_key(task), ref_texts[i], task.samples[i])["score"] for i in range(n)]
+    result.oracle_score = 100.0 * sum(ref_scores) / n
 
 
 def warm_up(model: Any, tokenizer: Any, tasks: list[Task]) -> None:
