@@ -340,7 +340,8 @@ def test_plain_generate_until_task_scores_exact_match(tmp_path):
     # two prompts the demo model answers with a non-empty first line at 32 tokens (it learned padded 32-token answers;
     # without the chat template the text is not the list, but the test needs only a known, non-empty answer)
     prompts = ['copy ["Alan Wells", "Grace Wright"]', 'copy ["Billy Ramos", "Alan Wells", "Grace Wright"]']
-    out = dlm_decode.generate(model, prompts, tokenizer=tok, gen_length=32, block_length=32)
+    # chat=False: the plugin without apply_chat_template encodes the bare text (the demo's generation_config says chat)
+    out = dlm_decode.generate(model, prompts, tokenizer=tok, chat=False, gen_length=32, block_length=32)
     answers = [r.text.split("\n")[0] for r in out.rows]
     assert all(answers)  # non-empty, so matching one is not a coincidence of empty strings
     docs = [{"prompt": prompts[0], "target": answers[0]}, {"prompt": prompts[1], "target": answers[1] + " (not this)"}]
