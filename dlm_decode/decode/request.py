@@ -86,16 +86,14 @@ def default_cache(facts: ModelFacts | None) -> str:
 def with_model_lengths(
     facts: ModelFacts | None, sampler: Sampler, config: DecodeConfig | None, config_kwargs: dict[str, Any]
 ) -> dict[str, Any]:
-    """``config_kwargs`` plus the lengths the caller left unset (None or absent, here and in ``config``) that the
-    checkpoint's ``generation_config.json`` sets (``core.generation_config.fill_lengths``). A gen length of None is
-    dropped: without the checkpoint's, ``DecodeConfig``'s default applies."""
-    kwargs = {k: v for k, v in config_kwargs.items() if not (k == "gen_length" and v is None)}
+    """The lengths the caller left unset (None or absent, in ``config_kwargs`` and in ``config``) that the
+    checkpoint's ``generation_config.json`` sets (``core.generation_config.fill_lengths``)."""
     if facts is None:
-        return kwargs
-    given = (dataclasses.asdict(config) if config is not None else {}) | kwargs  # what the caller set
+        return {}
+    given = (dataclasses.asdict(config) if config is not None else {}) | config_kwargs  # what the caller set
     lengths = {k: given.get(k) for k in ("gen_length", "block_length", "steps")}
     DecodeConfig(**{k: v for k, v in lengths.items() if v is not None})  # the caller's own first ("8": not a length)
-    return kwargs | fill_lengths(facts.generation, **lengths, blockwise=sampler.traits.blockwise)
+    return fill_lengths(facts.generation, **lengths, blockwise=sampler.traits.blockwise)
 
 
 def check_request(
@@ -114,8 +112,8 @@ def check_request(
     smp = get_sampler(sampler, sampler_options).with_model(facts)
     unset = ("gen_length", "block_length", "steps")  # a length given as None is left to the config / checkpoint
     own = {k: v for k, v in config_kwargs.items() if v is not None or k not in unset}
+    filled = with_model_lengths(facts, smp, config, own)
     cfg = decode_config(config, **own)
-    filled = {k: v for k, v in with_model_lengths(facts, smp, config, own).items() if k not in own}
     if filled:  # the checkpoint's lengths go onto the config: a caller's DecodeConfig leaving them unset is no clash
         cfg = dataclasses.replace(cfg, **filled)
     pol = get_cache(default_cache(facts) if cache is None else cache, cache_options)
