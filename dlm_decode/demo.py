@@ -216,8 +216,6 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"{args.model} ships no tokenizer: the demo needs one for its chat prompts")
     configs = [_with_shipped_filter(c, args.model) for c in demo_configs(args.quick, args.max_configs)]
     configs = [_with_tokenizer_delimiters(c, tok) for c in configs]
-    if ModelFacts.of_model(model).block_causal:  # open-ended answers: no fixed-length oracle bound (samplers/oracle)
-        configs = [{k: v for k, v in c.items() if k != "oracle"} for c in configs]
     warm_up(model, tok, tasks)
     print(
         f"demo: {args.model}, {plural(len(tasks), 'task')} x {plural(samples, 'sample')} (seed {args.seed}), "

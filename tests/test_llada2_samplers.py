@@ -8,7 +8,7 @@ import json
 import pytest
 from checkpoints import write_tokenizer
 from conftest import SHARED_DATA
-from llada2_reference import MASK, write_llada2
+from llada2_reference import EOS, MASK, write_llada2
 
 import dlm_decode
 from dlm_decode.cli import main
@@ -88,3 +88,19 @@ def test_parallelbench_runner_and_cli_take_the_family(tmp_path, capsys):
     (entry,) = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["tasks"]
     assert entry["n"] == 2 and entry["sampler"]["name"] == "llada2" and entry["cache"]["name"] == "prefix"
     assert entry["nfe"] >= 1
+
+
+def test_oracle_bound_on_an_open_ended_decode(tmp_path):
+    """Learn2PD's oracle on a block-causal model: the reference decode stops after the block holding EOS (MASK past
+    it); the oracle pass reproduces it token for token in no more forwards, and its records label real proposals."""
+    from dlm_decode.decode.oracle import oracle_generate
+
+    m = load_model(write_llada2(tmp_path / "m", seed=1, eos_scale=3.0))[0]
+    prompts = [[1, 2, 3], list(range(3, 23)), [7] * 21]  # rows 0 and 1 end at slot 4 (EOS), row 2 runs to the cap
+    ref, orc, (conf, label) = oracle_generate(m, prompts, gen_length=64, block_length=16, record=True)
+    assert [r.generated_ids.index(EOS) if EOS in r.generated_ids else None for r in ref.rows] == [4, 4, None]
+    for r, o in zip(ref.rows, orc.rows):
+        assert o.generated_ids == r.generated_ids
+    assert orc.nfe <= ref.nfe
+    assert conf.shape == label.shape and conf.shape[1] == 16 and conf.shape[0] > 0
+    assert 0 < float(label.mean()) <= 1

@@ -179,6 +179,25 @@ def candidates(state: DecodeState, r0: int, r1: int, block_end: torch.Tensor | N
     return state.block_masked(block_end)[:, r0:r1]
 
 
+def block_slots(state: DecodeState, r0: int, r1: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's current block as ``block_length`` columns of the region ``[r0, r1)``: ``(index [B, block], inside
+    [B, block])``, the region column of every block slot and whether it lies in the region. A block starts at its
+    end minus ``block_length``: the region's first column for a bidirectional model; for a block-causal model the
+    row's grid block, whose leading prompt slots (a partial first block) lie before the region (``inside`` False)."""
+    n = state.block_length
+    start = state.block_end - n - r0  # [B] region column of each row's block start
+    idx = start[:, None] + torch.arange(n, device=state.device)  # [B, block]
+    inside = (idx >= 0) & (idx < r1 - r0)
+    return idx.clamp(0, max(r1 - r0 - 1, 0)), inside
+
+
+def block_vectors(state: DecodeState, values: torch.Tensor, r0: int, fill: float = 1.0) -> torch.Tensor:
+    """[B, R] region values -> [B, block] each row's block (``block_slots``); slots before the region (fixed prompt
+    slots of a partial first block) read ``fill``. Learn2PD's filter input and its oracle records."""
+    idx, inside = block_slots(state, r0, r0 + values.shape[1])
+    return torch.where(inside, values.gather(1, idx), torch.as_tensor(fill, dtype=values.dtype))
+
+
 def editable(state: DecodeState, r0: int, r1: int) -> torch.Tensor:
     """[B, R] bool: decoded generation slots of the current block of unfinished rows, restricted to the region (where
     a token-editing sampler may rewrite; never the prompt, even in a block-causal model's partial first block)."""

@@ -45,7 +45,7 @@ from dlm_decode.core.config import DecodeConfig
 from dlm_decode.core.files import check_shapes, read_json_object, safetensors_shapes
 from dlm_decode.core.inputs import ModelFacts
 from dlm_decode.core.state import DecodeState
-from dlm_decode.samplers.base import SamplerTraits, Selection, candidates, top_k_per_row
+from dlm_decode.samplers.base import SamplerTraits, Selection, block_slots, block_vectors, candidates, top_k_per_row
 from dlm_decode.samplers.low_confidence import LowConfidence
 
 FORMAT = "learn2pd-filter"
@@ -175,19 +175,20 @@ class LearnedFilter(LowConfidence):
 
     def region(self, state: DecodeState) -> tuple[int, int]:
         # the filter reads the whole block; EoTP reads every remaining slot of the canvas
-        end = state.total_length if self.eotp else state.block_start + state.block_length
-        return state.block_start, min(end, state.total_length)
+        # (a block-causal model's rows may end their blocks at different slots: the widest one bounds the region)
+        return (state.block_start, state.total_length) if self.eotp else state.region()
 
     def select(self, state: DecodeState, logits: torch.Tensor, r0: int) -> Selection:
         x0, conf = self.proposals(state, logits)  # [B, R], [B, R] float64
         cand = candidates(state, r0, r0 + logits.shape[1])
         accepted = torch.zeros_like(cand)
         module = state.scratch.get(f"{self.name}/filter")
-        if module is not None:
-            n = state.block_length
+        if module is not None:  # each row's block as block_length columns (base.block_slots)
+            idx, inside = block_slots(state, r0, r0 + logits.shape[1])  # [B, block]
             with torch.no_grad():
-                probs = torch.sigmoid(module(conf[:, :n].float()))  # [B, block]
-            accepted[:, :n] = probs > self.accept
+                probs = torch.sigmoid(module(block_vectors(state, conf, r0).float()))  # [B, block]
+            hits = torch.zeros(accepted.shape, dtype=torch.long, device=accepted.device)  # clamped columns repeat
+            accepted = hits.scatter_add_(1, idx, ((probs > self.accept) & inside).long()) > 0
             accepted &= cand
         sched = state.scratch[self.name]  # LowConfidence's schedule, stored under our name
         k = sched[:, min(state.block_step, sched.shape[1] - 1)]

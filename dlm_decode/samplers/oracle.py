@@ -14,6 +14,12 @@ reference answer); ``dlm_decode.decode.oracle.oracle_generate(model, prompts, ..
 Differences: confidences are float64 (the reference: model dtype); MASK is never proposed; a block is bounded by
 ``2 * block_length`` forwards (the loop then fills it with ``y``), where the reference relies on the stuck test
 alone.
+
+Block-causal models (LLaDA2): the reference answer is the open-ended one-token-per-step decode, which ends after the
+block holding the first EOS; its ``gen_length`` slots hold MASK past that block. The oracle pass commits only ``y``'s
+tokens, so its canvas equals the reference's block by block and it stops after the same block: it never meets the
+MASK slots of ``y``. The last grid block may run past ``gen_length`` (the reference decodes it whole and returns
+``gen_length`` tokens): those slots have no reference token, so the oracle takes its proposal there at once (label 1).
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ from typing import Any, ClassVar
 import torch
 
 from dlm_decode.core.state import DecodeState
-from dlm_decode.samplers.base import Sampler, Selection, candidates
+from dlm_decode.samplers.base import Sampler, Selection, block_vectors, candidates
 
 
 def check_reference(who: str, reference: tuple[tuple[int, ...], ...], gen_length: int) -> None:
@@ -42,7 +48,8 @@ def reference_canvas(who: str, reference: tuple[tuple[int, ...], ...], state: De
     if len(reference) != state.batch:
         raise ValueError(f"{who}: {len(reference)} reference rows for a batch of {state.batch}")
     y = torch.full_like(state.canvas, state.mask_id)
-    y[:, state.prompt_len :] = torch.tensor(reference, dtype=torch.long, device=state.device)
+    ref = torch.tensor(reference, dtype=torch.long, device=state.device)  # [B, gen_length]
+    y[:, state.prompt_len : state.prompt_len + ref.shape[1]] = ref  # a block-causal canvas may run past gen_length
     return y
 
 
@@ -55,14 +62,6 @@ class Oracle(Sampler):
 
     def check(self, config, num_blocks: int) -> None:
         check_reference(self.name, self.reference, config.gen_length)
-
-    def with_model(self, facts: Any) -> Oracle:
-        if facts is not None and getattr(facts, "block_causal", False):
-            raise ValueError(
-                f"{self.name}: the per-sample bound labels a fixed gen_length answer, but the block-causal model "
-                f"{facts.model_type!r} decodes open-ended to the block holding EOS; not supported for it yet"
-            )
-        return self
 
     def max_block_steps(self, state: DecodeState) -> int:
         return 2 * int((state.block_end - state.block_start).max())
@@ -80,12 +79,13 @@ class Oracle(Sampler):
         y = mem["y"][:, r0 : r0 + r]
         cand = candidates(state, r0, r0 + r)
         in_block = state.in_block()[:, r0 : r0 + r]
-        correct = x0 == y
+        free = y == state.mask_id  # past gen_length in a block-causal model's last grid block: no reference there
+        correct = (x0 == y) | free
+        y = torch.where(free, x0, y)
         active = cand.any(1)
-        if self.record and bool(active.any()):
-            n = state.block_length
-            mem["conf"].append(conf[active, :n].float().cpu())
-            mem["label"].append(correct[active, :n].cpu())
+        if self.record and bool(active.any()):  # each row's block as block_length columns (base.block_vectors)
+            mem["conf"].append(block_vectors(state, conf, r0)[active].float().cpu())
+            mem["label"].append(block_vectors(state, correct, r0, fill=True)[active].cpu())
         prev = mem["prev"]
         stuck = torch.zeros_like(active) if prev is None else ((x0 == prev) | ~in_block).all(1)
         mem["prev"] = x0
