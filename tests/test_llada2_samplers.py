@@ -104,3 +104,30 @@ def test_oracle_bound_on_an_open_ended_decode(tmp_path):
     assert orc.nfe <= ref.nfe
     assert conf.shape == label.shape and conf.shape[1] == 16 and conf.shape[0] > 0
     assert 0 < float(label.mean()) <= 1
+    # the first step's records are each row's grid block: its prompt slots (3, 4 and 5 of 16) read confidence 1
+    for row, fixed in enumerate((3, 4, 5)):
+        assert conf[row, :fixed].tolist() == [1.0] * fixed and bool(label[row, :fixed].all())
+        assert float(conf[row, fixed:].max()) < 1.0
+
+
+def test_learned_filter_reads_each_rows_grid_block(model, tmp_path):
+    """A filter that accepts every slot commits each row's whole block in one forward, in a batch whose rows' grid
+    blocks end at different slots (prompts of 3 and 20 on a grid of 16: each row's block is its own 16 slots, not
+    the 16 after the batch's shared block start): one forward per block."""
+    import torch
+
+    from dlm_decode.samplers.learned_filter import FilterMLP, save_filter
+
+    f = FilterMLP(16)
+    with torch.no_grad():
+        for p in f.parameters():
+            p.zero_()
+        f.net[-1].bias.fill_(10.0)  # sigmoid(10) > accept: every slot
+    path = save_filter(f, tmp_path / "all")
+    prompts = [[1, 2, 3], list(range(3, 23))]
+    kw = dict(gen_length=32, block_length=16, steps=32, cache="prefix")
+    out = dlm_decode.generate(model, prompts, sampler="learned_filter", sampler_options={"filter": str(path)}, **kw)
+    assert all(MASK not in r.generated_ids for r in out.rows)
+    assert out.nfe == 3  # three grid blocks a row: row 0 [0,16) [16,32) [32,48), row 1 [16,32) [32,48) [48,64)
+    one = dlm_decode.generate(model, prompts, sampler="llada2", sampler_options={"threshold": 0.0}, **kw)
+    assert [r.generated_ids for r in out.rows] == [r.generated_ids for r in one.rows]
