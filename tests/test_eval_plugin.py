@@ -372,13 +372,15 @@ _PLAIN_CHOICE = """
 """
 
 
-def test_plain_multiple_choice_task_scores_what_loglikelihood_ranks(tmp_path):
+@pytest.mark.parametrize("pretrained", ["demo-llada", str(REPO / "dlm_decode/demo_models/demo-llada2")])
+def test_plain_multiple_choice_task_scores_what_loglikelihood_ranks(tmp_path, pretrained):
+    """demo-llada2 is block-causal: its scores are the block diffusion ELBO on the 32 grid (eval.block_likelihood)."""
     docs = [
         {"question": "Copy the list: Alice, Bob", "choices": ["Alice, Bob", "Bob", "Carol, Dan"], "answer": 0},
         {"question": "Hello", "choices": ["there", "Alice", "Bob, Carol"], "answer": 2},
     ]
     tm = _local_task(tmp_path, "plain_mc", docs, _PLAIN_CHOICE)
-    lm = DLMDecodeLM(pretrained="demo-llada", mc_num=4, progress=False, device="cpu")
+    lm = DLMDecodeLM(pretrained=pretrained, mc_num=4, progress=False, device="cpu")
     res = lm_eval.simple_evaluate(model=lm, tasks=["plain_mc"], task_manager=tm, bootstrap_iters=0, log_samples=True)
     # the same scores straight from the model: deterministic per request, so the ranking is known
     picks = []
@@ -389,6 +391,12 @@ def test_plain_multiple_choice_task_scores_what_loglikelihood_ranks(tmp_path):
     assert res["results"]["plain_mc"]["acc,none"] == pytest.approx(expected)
     samples = sorted(res["samples"]["plain_mc"], key=lambda x: x["doc_id"])
     assert [x["acc"] for x in samples] == [float(p == d["answer"]) for p, d in zip(picks, docs, strict=True)]
+    if "llada2" in pretrained:  # the plugin's number is the block ELBO of the encoded pair
+        (req,) = [_req("loglikelihood", (docs[0]["question"], " " + docs[0]["choices"][0]))]
+        ((got, _),) = lm.loglikelihood([req])
+        pair = lm._encode_pair(docs[0]["question"], " " + docs[0]["choices"][0])
+        (want,) = likelihood.loglikelihoods(lm.model, [pair], mc_num=4, block_length=32)
+        assert got == pytest.approx(want)
 
 
 def test_generation_survives_lm_evals_gold_cast():

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 import torch
 
 from dlm_decode.decode import generate
+from dlm_decode.eval.block_likelihood import block_row_losses
 
 
 def request_seed(seed: int, context: Sequence[int], continuation: Sequence[int]) -> int:
@@ -144,8 +145,11 @@ def loglikelihoods(
     cfg_scale: float = 0.0,
     max_batch: int = 32,
     on_done: Callable[[int], None] | None = None,
+    block_length: int = 32,
 ) -> list[float]:
-    """Monte Carlo ELBO of each (context ids, continuation ids) pair; contexts must be non-empty."""
+    """Monte Carlo ELBO of each (context ids, continuation ids) pair; contexts must be non-empty. A block-causal
+    model (``model.block_causal``) is scored by the block diffusion ELBO on the ``block_length`` grid
+    (``eval.block_likelihood``), with the same masks."""
     for i, (ctx, cont) in enumerate(requests):
         if not ctx or not cont:
             raise ValueError(f"request {i}: context and continuation need at least one token each")
@@ -160,7 +164,10 @@ def loglikelihoods(
     done = 0
     for s in range(0, len(rows), per_forward):
         chunk = rows[s : s + per_forward]
-        losses = row_losses(model, chunk, cfg_scale=cfg_scale)
+        if getattr(model, "block_causal", False):
+            losses = block_row_losses(model, chunk, block_length=block_length, cfg_scale=cfg_scale)
+        else:
+            losses = row_losses(model, chunk, cfg_scale=cfg_scale)
         for r, loss in zip(chunk, losses.tolist(), strict=True):
             totals[order[r.owner]] += loss
             counts[order[r.owner]] += 1
@@ -172,10 +179,16 @@ def loglikelihoods(
 
 
 def greedy_matches(
-    model, requests: Sequence[tuple[list[int], list[int]]], *, cfg_scale: float = 0.0, max_batch: int = 32
+    model,
+    requests: Sequence[tuple[list[int], list[int]]],
+    *,
+    cfg_scale: float = 0.0,
+    max_batch: int = 32,
+    block_length: int = 32,
 ) -> list[bool]:
     """Whether decoding the fully masked continuation one token per step, highest confidence first (LLaDA's
-    ``suffix_greedy_prediction``), reproduces it."""
+    ``suffix_greedy_prediction``), reproduces it. A block-causal model decodes it on its ``block_length`` grid."""
+    causal = bool(getattr(model, "block_causal", False))
     out = [False] * len(requests)
     by_len: dict[int, list[int]] = {}
     for i, (_, cont) in enumerate(requests):
@@ -183,15 +196,18 @@ def greedy_matches(
     for length, idx in by_len.items():
         for s in range(0, len(idx), max_batch):
             chunk = idx[s : s + max_batch]
+            # one token per step; block-causal: LLaDA2's rule with threshold 1.0 is the pure schedule, and its
+            # steps count per block (block_length of them: one token each), on the model's grid
+            rule = dict(sampler="llada2", sampler_options={"threshold": 1.0}, block_length=block_length)
+            rule = rule if causal else dict(sampler="low_confidence", block_length=length)
             res = generate(
                 model,
                 [requests[i][0] for i in chunk],
-                sampler="low_confidence",
                 gen_length=length,
-                block_length=length,
-                steps=length,
+                steps=block_length if causal else length,
                 temperature=0.0,
                 cfg_scale=cfg_scale,
+                **rule,
             )
             for i, row in zip(chunk, res.rows, strict=True):
                 out[i] = row.generated_ids == list(requests[i][1])

@@ -34,7 +34,7 @@ from lm_eval.api.registry import register_model
 from tqdm.auto import tqdm
 
 from dlm_decode.cache import get_cache
-from dlm_decode.core.config import resolve_lengths
+from dlm_decode.core.config import DEFAULT_BLOCK_LENGTH, resolve_lengths
 from dlm_decode.decode import generate
 from dlm_decode.eval import likelihood
 from dlm_decode.eval.answers import answer_stats, append_jsonl, attach_stats, cut_answer
@@ -334,11 +334,7 @@ class DLMDecodeLM(LM):
         self, pairs: list[tuple[list[int], list[int]]], desc: str, disable_tqdm: bool, greedy: bool
     ) -> list[tuple[float, bool]]:
         opts = self.options
-        if getattr(self.model, "block_causal", False):  # the estimators below attend bidirectionally
-            raise ValueError(
-                f"{type(self.model).__name__}: log-likelihood scoring is not defined for block-causal models (LLaDA2) "
-                "in this plugin; use generate_until tasks (open-ended decoding)"
-            )
+        grid = opts.block_length or DEFAULT_BLOCK_LENGTH  # a block-causal model's ELBO grid (eval.block_likelihood)
         bar = self._bar(len(pairs), desc, disable_tqdm)
         start = time.perf_counter()
         scores = likelihood.loglikelihoods(
@@ -351,11 +347,14 @@ class DLMDecodeLM(LM):
             cfg_scale=opts.cfg_scale,
             max_batch=opts.max_batch,
             on_done=bar.update,
+            block_length=grid,
         )
         bar.close()
         flags = [False] * len(pairs)
         if greedy and opts.greedy_check:
-            flags = likelihood.greedy_matches(self.model, pairs, cfg_scale=opts.cfg_scale, max_batch=opts.max_batch)
+            flags = likelihood.greedy_matches(
+                self.model, pairs, cfg_scale=opts.cfg_scale, max_batch=opts.max_batch, block_length=grid
+            )
         log.debug("dlm_decode: %d likelihoods in %.2fs", len(pairs), time.perf_counter() - start)
         return list(zip(scores, flags, strict=True))
 

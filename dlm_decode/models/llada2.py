@@ -458,6 +458,11 @@ class LLaDA2MoeModelLM(DiffusionLMMixin, PreTrainedModel):
 
     def _forward_4d(self, input_ids, positions, mask4d):
         visible = mask4d if mask4d.dtype == torch.bool else mask4d > float("-inf")
+        return self.output_logits(self.hidden_states_4d(input_ids, positions, visible))
+
+    def hidden_states_4d(self, input_ids, positions, visible):  # visible [B, 1, Q, Q] bool -> [B, Q, d] normed
+        """Hidden states under an arbitrary attention pattern (the reference's 4D mask; the block-causal ELBO's
+        clean-plus-noisy canvas, ``eval.likelihood``)."""
         c = self.config
         h = self.model.word_embeddings(input_ids)
         cos, sin = rope_tables(positions, int(c.head_dim * c.partial_rotary_factor), c.rope_theta, h.dtype)
@@ -465,7 +470,7 @@ class LLaDA2MoeModelLM(DiffusionLMMixin, PreTrainedModel):
             q, k, v = layer.attention.qkv(layer.input_layernorm(h), cos, sin)
             h = h + layer.attention.dense(attention(q, k, v, visible))
             h = h + layer.mlp(layer.post_attention_layernorm(h))
-        return self.output_logits(self.model.norm(h))
+        return self.model.norm(h)
 
 
 def adopt_tokenizer_ids(config: LLaDA2MoeConfig, tokenizer: Any | None) -> None:
