@@ -1149,6 +1149,19 @@ def test_shipped_final_stage_configs_load_as_the_shipped_runs_were_set(name, fam
     assert tr.tokenizer_dir(cfg) == DEMO / name  # the init checkpoint's tokenizer
 
 
+def test_demo_llada2_configs_load_as_the_shipped_runs_were_set(monkeypatch):
+    monkeypatch.chdir(ROOT)  # the first stage names demo-llada (its upcycle source) relative to the repository
+    first = cf.load_config(ROOT / "recipes" / "train_demo" / "configs" / "demo-llada2-stage1.yaml")
+    assert first.model.upcycle == "dlm_decode/demo_models/demo-llada" and first.total_steps == 240
+    final = cf.load_config(
+        ROOT / "recipes" / "train_demo" / "configs" / "demo-llada2.yaml", [f"model.init={DEMO / 'demo-llada2'}"]
+    )
+    assert final.model.family == "llada2" and final.model.attention == "block_causal" and final.model.block_length == 32
+    assert final.total_steps == 3000 and final.optim.decay_steps == 800 and final.run.seed == first.run.seed
+    (stage,) = final.stages
+    assert stage.pad and stage.aux_pad and final.data.task_weights["shuffle"] == 3
+
+
 def test_config_files_overrides_and_bad_configs_name_the_key(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text("model: {tokenizer: t, family: dream}\nstages:\n  - {kind: short, steps: 4}\nrun: {seed: 3}\n")
