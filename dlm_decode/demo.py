@@ -32,7 +32,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from dlm_decode.core.inputs import ModelFacts
 from dlm_decode.core.words import plural
 
 HELD_OUT_SEED = 3_000_017  # official seeds are five-digit; the demo model trains on 7_000_001+ and evals on 9_000_001+

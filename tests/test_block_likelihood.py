@@ -62,9 +62,10 @@ def test_one_token_is_exact_and_the_estimate_is_the_subsets_mean(model):
 
 
 def test_guidance_and_the_greedy_check_run_on_the_grid(model):
-    plain, guided = loglikelihoods(model, [(CTX, CONT)] * 2, mc_num=8, block_length=B)[0], loglikelihoods(
-        model, [(CTX, CONT)], mc_num=8, block_length=B, cfg_scale=1.0
-    )[0]
+    plain, guided = (
+        loglikelihoods(model, [(CTX, CONT)] * 2, mc_num=8, block_length=B)[0],
+        loglikelihoods(model, [(CTX, CONT)], mc_num=8, block_length=B, cfg_scale=1.0)[0],
+    )
     assert math.isfinite(guided) and guided != plain
     from dlm_decode import generate
 

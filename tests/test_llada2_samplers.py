@@ -99,7 +99,7 @@ def test_oracle_bound_on_an_open_ended_decode(tmp_path):
     prompts = [[1, 2, 3], list(range(3, 23)), [7] * 21]  # rows 0 and 1 end at slot 4 (EOS), row 2 runs to the cap
     ref, orc, (conf, label) = oracle_generate(m, prompts, gen_length=64, block_length=16, record=True)
     assert [r.generated_ids.index(EOS) if EOS in r.generated_ids else None for r in ref.rows] == [4, 4, None]
-    for r, o in zip(ref.rows, orc.rows):
+    for r, o in zip(ref.rows, orc.rows, strict=True):
         assert o.generated_ids == r.generated_ids
     assert orc.nfe <= ref.nfe
     assert conf.shape == label.shape and conf.shape[1] == 16 and conf.shape[0] > 0

@@ -57,7 +57,7 @@ def block_canvas(
     clean_q, noisy_q = (kind == 0)[:, :, None], (kind == 1)[:, :, None]
     clean_k, noisy_k = (kind == 0)[:, None, :], (kind == 1)[:, None, :]
     visible = (clean_q & clean_k & (bk <= bq)) | (noisy_q & clean_k & (bk < bq)) | (noisy_q & noisy_k & (bk == bq))
-    visible[:, :, 0] |= (kind == -1)  # padding queries see one key (their outputs are never read)
+    visible[:, :, 0] |= kind == -1  # padding queries see one key (their outputs are never read)
     return tokens, positions, visible, scored, targets
 
 
@@ -72,8 +72,10 @@ def block_row_losses(
     if cfg_scale > 0:
         un = block_canvas(rows, block_length, mask_id, unconditional=True)
         width = max(tokens.shape[1], un[0].shape[1])
-        tokens, positions, visible = (torch.cat([_pad(a, width), _pad(u, width)]) for a, u in zip(
-            (tokens, positions, visible), un[:3], strict=True))
+        tokens, positions, visible = (
+            torch.cat([_pad(a, width), _pad(u, width)])
+            for a, u in zip((tokens, positions, visible), un[:3], strict=True)
+        )
         scored, targets = _pad(scored, width), _pad(targets, width)
     hidden = model.hidden_states_4d(tokens.to(device), positions.to(device), visible[:, None].to(device))
     b = len(rows)

@@ -25,7 +25,7 @@ MASK slots of ``y``. The last grid block may run past ``gen_length`` (the refere
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import torch
 
