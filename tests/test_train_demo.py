@@ -1157,7 +1157,7 @@ def test_demo_llada2_configs_load_as_the_shipped_runs_were_set(monkeypatch):
         ROOT / "recipes" / "train_demo" / "configs" / "demo-llada2.yaml", [f"model.init={DEMO / 'demo-llada2'}"]
     )
     assert final.model.family == "llada2" and final.model.attention == "block_causal" and final.model.block_length == 32
-    assert final.total_steps == 2400 and final.optim.decay_steps == 600 and final.run.seed == first.run.seed
+    assert final.total_steps == 1675 and final.optim.decay_steps == 600 and final.run.seed == first.run.seed
     (stage,) = final.stages
     assert stage.pad and stage.aux_pad and final.data.task_weights["shuffle"] == 3
 
