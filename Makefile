@@ -24,7 +24,7 @@ install-dev: $(VENV)/.dev
 
 demo: $(VENV)/.base
 	$(BIN)/dlm-decode demo
-	$(BIN)/dlm-decode demo --model dlm_decode/demo_models/demo-llada2 --quick   # block-causal: exact cache
+	$(BIN)/dlm-decode demo --model demo-llada2 --quick   # block-causal: exact cache
 
 lint: $(VENV)/.dev
 	$(BIN)/ruff check .

@@ -127,7 +127,7 @@ def test_demo_gives_adaptive_block_the_tokenizers_newline_ids():
 def test_demo_on_the_block_causal_demo_model_shows_the_exact_cache(capsys):
     """`make demo`'s second line: demo-llada2's cached row equals its uncached one (same score, same forwards);
     `dual` and the fixed-length oracle bound are listed as not applying, with the reason."""
-    assert main(["demo", "--model", "dlm_decode/demo_models/demo-llada2", "--quick", "--json"]) == 0
+    assert main(["demo", "--model", "demo-llada2", "--quick", "--json"]) == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     rows = {(r["task"], r["sampler"], r["cache"]): r for r in out["rows"]}
     tasks = {r["task"] for r in out["rows"]}

@@ -372,7 +372,7 @@ _PLAIN_CHOICE = """
 """
 
 
-@pytest.mark.parametrize("pretrained", ["demo-llada", str(REPO / "dlm_decode/demo_models/demo-llada2")])
+@pytest.mark.parametrize("pretrained", ["demo-llada", "demo-llada2"])
 def test_plain_multiple_choice_task_scores_what_loglikelihood_ranks(tmp_path, pretrained):
     """demo-llada2 is block-causal: its scores are the block diffusion ELBO on the 32 grid (eval.block_likelihood)."""
     docs = [

@@ -20,7 +20,7 @@ from dlm_decode.core.inputs import ModelFacts
 from dlm_decode.models.layout import resolve_layout, set_layout
 
 DEMO_DIR = Path(__file__).resolve().parent.parent / "demo_models"
-DEMO_MODELS = ("demo-llada", "demo-dream")
+DEMO_MODELS = ("demo-llada", "demo-dream", "demo-llada2")  # demo-llada2: block-causal (LLaDA2 format)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 

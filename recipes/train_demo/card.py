@@ -61,7 +61,13 @@ def model_card(name: str, model: Any, training: dict, scores: dict, nfe: dict, b
         "## Training",
         "- start: demo-llada's weights upcycled (`recipes/train_demo/upcycle.py`: fused q/k/v, the dense MLP as the "
         "shared expert, routed experts cut from it with a zero output projection, so step 0 computes demo-llada on "
-        "a bidirectional mask), then trained with the block-causal mask from the first step",
+        "a bidirectional mask), then trained with the block-causal mask from the first step"
+        + (
+            " ([`configs/demo-llada2-stage1.yaml`](../../../recipes/train_demo/configs/demo-llada2-stage1.yaml)); "
+            "that first model was continued by the final stage below"
+            if cfg.get("model", {}).get("init")
+            else ""
+        ),
         "- objective: LLaDA SFT on the response (answer + `<|eot_id|>` + EOS padding), block-causal attention of "
         f"block {block}; the EOS padding teaches it to stop, so it decodes open-ended",
         f"- run: {training.get('step')} steps, {training.get('train_seconds')} s of training; stages "
