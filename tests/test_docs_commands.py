@@ -92,6 +92,16 @@ REWRITES = (
         append="--tasks waiting_line/copy --limit 1 --repeats 1 --warmup 0",
     ),
     Rewrite(r"^python benchmarks/bench_weight_layout\.py", "interleaved timing rounds: one", append="--repeats 1"),
+    Rewrite(
+        r"^python benchmarks/bench_block_diffusion\.py (?!.*--model)",
+        "hidden 128 / 1024 x batch 1 / 8 x gen 256 x 2 passes: hidden 64, batch 1, gen 32, 1 pass",
+        append="--widths 64 --batches 1 --gen 32 --repeats 1",
+    ),
+    Rewrite(
+        r"^python benchmarks/bench_block_diffusion\.py .*--model",
+        "2 official prompts a task x 3 passes: 1 prompt a task, 1 pass",
+        append="--samples 1 --repeats 1",
+    ),
     Rewrite(r"^python benchmarks/profile_decode\.py", "gen 256 x 5 repeats: gen 32, 1", append="--gen 32 --repeats 1"),
     Rewrite(
         r"^python benchmarks/cache_ratios\.py",
@@ -121,7 +131,7 @@ EXPECT = {  # block (file, text it contains) -> what its stdout must contain
 
 NEEDS_DATA = re.compile(
     r"dlm-decode (parallelbench|eval)|\.\./shared|parallelbench_|bench_lossless|bench_speed\.py"
-    r"|cache_ratios|elastic_drift"
+    r"|cache_ratios|elastic_drift|bench_block_diffusion.*--data"
 )
 NEEDS_EVAL = re.compile(r"dlm-decode eval|import lm_eval")
 
