@@ -24,6 +24,8 @@ from typing import Any
 
 import torch
 
+from dlm_decode.eval.scored import scored_losses
+
 
 def block_canvas(
     rows: Sequence[Any], block_length: int, mask_id: int, unconditional: bool = False
@@ -78,21 +80,11 @@ def block_row_losses(
         )
         scored, targets = _pad(scored, width), _pad(targets, width)
     hidden = model.hidden_states_4d(tokens.to(device), positions.to(device), visible[:, None].to(device))
-    b = len(rows)
     row, slot = scored.nonzero(as_tuple=True)  # [N] each
-    row, slot, target = row.to(device), slot.to(device), targets[scored].to(device)
-    ce = torch.empty(row.shape[0], dtype=torch.float64, device=device)
-    for s in range(0, row.shape[0], head_chunk):
-        r, j = row[s : s + head_chunk], slot[s : s + head_chunk]
-        logits = model.output_logits(hidden[r, j]).float()  # [n, V]
-        if cfg_scale > 0:
-            uncond = model.output_logits(hidden[r + b, j]).float()
-            logits = uncond + (cfg_scale + 1) * (logits - uncond)
-        logp = torch.log_softmax(logits, -1)
-        ce[s : s + head_chunk] = -logp.gather(-1, target[s : s + head_chunk, None]).squeeze(-1).double()
-    totals = torch.zeros(b, dtype=torch.float64, device=device).index_add_(0, row, ce)
-    ratio = torch.tensor([max(r.ratio, 1e-12) for r in rows], dtype=torch.float64, device=device)
-    return (totals / ratio).cpu()
+    ratios = [r.ratio for r in rows]
+    return scored_losses(
+        model, hidden, row.to(device), slot.to(device), targets[scored].to(device), ratios, cfg_scale, head_chunk
+    )
 
 
 def _pad(x: torch.Tensor, width: int) -> torch.Tensor:

@@ -36,6 +36,7 @@ import torch
 
 from dlm_decode.decode import generate
 from dlm_decode.eval.block_likelihood import block_row_losses
+from dlm_decode.eval.scored import scored_losses
 
 
 def request_seed(seed: int, context: Sequence[int], continuation: Sequence[int]) -> int:
@@ -119,19 +120,8 @@ def row_losses(model, rows: Sequence[Row], *, cfg_scale: float = 0.0, head_chunk
     hidden = model.hidden_states(canvas.to(device), positions.to(device), key_mask=keys.to(device))  # [B', T, d]
     row, slot = scored.nonzero(as_tuple=True)  # [N] each
     src = (slot - model.logit_shift).to(device)  # the hidden state predicting each slot (Dream: the one before)
-    row, target = row.to(device), clean[scored].to(device)
-    ce = torch.empty(row.shape[0], dtype=torch.float64, device=device)
-    for s in range(0, row.shape[0], head_chunk):
-        r, j = row[s : s + head_chunk], src[s : s + head_chunk]
-        logits = model.output_logits(hidden[r, j]).float()  # [n, V]
-        if cfg_scale > 0:
-            un = model.output_logits(hidden[r + b, j]).float()
-            logits = un + (cfg_scale + 1) * (logits - un)
-        logp = torch.log_softmax(logits, -1)
-        ce[s : s + head_chunk] = -logp.gather(-1, target[s : s + head_chunk, None]).squeeze(-1).double()
-    totals = torch.zeros(b, dtype=torch.float64, device=device).index_add_(0, row, ce)
-    ratio = torch.tensor([max(r.ratio, 1e-12) for r in rows], dtype=torch.float64, device=device)
-    return (totals / ratio).cpu()
+    target = clean[scored].to(device)
+    return scored_losses(model, hidden, row.to(device), src, target, [r.ratio for r in rows], cfg_scale, head_chunk)
 
 
 def loglikelihoods(
