@@ -80,10 +80,7 @@ def sdar_generate(
         nfe += 1
         if (x[:, p:e] == eos_id).any(1).all():
             break
-    out = []
-    for row in x[:, p : p + gen_length].tolist():
-        out.append(row[: row.index(eos_id) + 1] if eos_id in row else row)
-    return out, nfe
+    return [_answer(row, eos_id) for row in x[:, p : p + gen_length].tolist()], nfe
 
 
 def run_once(way: str, model, prompts, args, ids=(MASK, EOS)) -> tuple[float, list[list[int]], int]:

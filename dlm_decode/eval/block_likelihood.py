@@ -71,28 +71,14 @@ def block_row_losses(
     device = next(model.parameters()).device
     mask_id = model.mask_token_id
     tokens, positions, visible, scored, targets = block_canvas(rows, block_length, mask_id)
-    if cfg_scale > 0:
+    if cfg_scale > 0:  # the unconditional rows have the same lengths: stacked below the B rows
         un = block_canvas(rows, block_length, mask_id, unconditional=True)
-        width = max(tokens.shape[1], un[0].shape[1])
         tokens, positions, visible = (
-            torch.cat([_pad(a, width), _pad(u, width)])
-            for a, u in zip((tokens, positions, visible), un[:3], strict=True)
+            torch.cat([a, u]) for a, u in zip((tokens, positions, visible), un[:3], strict=True)
         )
-        scored, targets = _pad(scored, width), _pad(targets, width)
     hidden = model.hidden_states_4d(tokens.to(device), positions.to(device), visible[:, None].to(device))
     row, slot = scored.nonzero(as_tuple=True)  # [N] each
     ratios = [r.ratio for r in rows]
     return scored_losses(
         model, hidden, row.to(device), slot.to(device), targets[scored].to(device), ratios, cfg_scale, head_chunk
     )
-
-
-def _pad(x: torch.Tensor, width: int) -> torch.Tensor:
-    """Pad the sequence axes (1, and 2 for [B, T, T]) to ``width``; padded queries see key 0 (never read)."""
-    out = torch.zeros((x.shape[0], width) + ((width,) if x.dim() == 3 else ()), dtype=x.dtype)
-    if x.dim() == 3:
-        out[:, : x.shape[1], : x.shape[2]] = x
-        out[:, x.shape[1] :, 0] = True
-    else:
-        out[:, : x.shape[1]] = x
-    return out

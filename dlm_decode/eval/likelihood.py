@@ -178,7 +178,10 @@ def greedy_matches(
 ) -> list[bool]:
     """Whether decoding the fully masked continuation one token per step, highest confidence first (LLaDA's
     ``suffix_greedy_prediction``), reproduces it. A block-causal model decodes it on its ``block_length`` grid."""
+    # one token per step; block-causal: LLaDA2's rule with threshold 1.0 is the pure schedule, and its steps count
+    # per block (block_length of them: one token each), on the model's grid
     causal = bool(getattr(model, "block_causal", False))
+    rule = dict(sampler="llada2", sampler_options={"threshold": 1.0}, steps=block_length) if causal else {}
     out = [False] * len(requests)
     by_len: dict[int, list[int]] = {}
     for i, (_, cont) in enumerate(requests):
@@ -186,18 +189,14 @@ def greedy_matches(
     for length, idx in by_len.items():
         for s in range(0, len(idx), max_batch):
             chunk = idx[s : s + max_batch]
-            # one token per step; block-causal: LLaDA2's rule with threshold 1.0 is the pure schedule, and its
-            # steps count per block (block_length of them: one token each), on the model's grid
-            rule = dict(sampler="llada2", sampler_options={"threshold": 1.0}, block_length=block_length)
-            rule = rule if causal else dict(sampler="low_confidence", block_length=length)
             res = generate(
                 model,
                 [requests[i][0] for i in chunk],
+                **(dict(sampler="low_confidence", steps=length) | rule),
                 gen_length=length,
-                steps=block_length if causal else length,
+                block_length=block_length if causal else length,
                 temperature=0.0,
                 cfg_scale=cfg_scale,
-                **rule,
             )
             for i, row in zip(chunk, res.rows, strict=True):
                 out[i] = row.generated_ids == list(requests[i][1])

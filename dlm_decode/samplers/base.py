@@ -191,10 +191,10 @@ def block_slots(state: DecodeState, r0: int, r1: int) -> tuple[torch.Tensor, tor
     return idx.clamp(0, max(r1 - r0 - 1, 0)), inside
 
 
-def block_vectors(state: DecodeState, values: torch.Tensor, r0: int, fill: float = 1.0) -> torch.Tensor:
-    """[B, R] region values -> [B, block] each row's block (``block_slots``); slots before the region (fixed prompt
-    slots of a partial first block) read ``fill``. Learn2PD's filter input and its oracle records."""
-    idx, inside = block_slots(state, r0, r0 + values.shape[1])
+def block_vectors(values: torch.Tensor, slots: tuple[torch.Tensor, torch.Tensor], fill: float = 1.0) -> torch.Tensor:
+    """[B, R] region values -> [B, block] each row's block (``slots`` from ``block_slots``); slots before the region
+    (fixed prompt slots of a partial first block) read ``fill``. Learn2PD's filter input and its oracle records."""
+    idx, inside = slots
     return torch.where(inside, values.gather(1, idx), torch.as_tensor(fill, dtype=values.dtype))
 
 

@@ -184,9 +184,9 @@ class LearnedFilter(LowConfidence):
         accepted = torch.zeros_like(cand)
         module = state.scratch.get(f"{self.name}/filter")
         if module is not None:  # each row's block as block_length columns (base.block_slots)
-            idx, inside = block_slots(state, r0, r0 + logits.shape[1])  # [B, block]
+            idx, inside = slots = block_slots(state, r0, r0 + logits.shape[1])  # [B, block]
             with torch.no_grad():
-                probs = torch.sigmoid(module(block_vectors(state, conf, r0).float()))  # [B, block]
+                probs = torch.sigmoid(module(block_vectors(conf, slots).float()))  # [B, block]
             hits = torch.zeros(accepted.shape, dtype=torch.long, device=accepted.device)  # clamped columns repeat
             accepted = hits.scatter_add_(1, idx, ((probs > self.accept) & inside).long()) > 0
             accepted &= cand

@@ -16,9 +16,9 @@ Differences: confidences are float64 (the reference: model dtype); MASK is never
 alone.
 
 Block-causal models (LLaDA2): the reference answer is the open-ended one-token-per-step decode, which ends after the
-block holding the first EOS; its ``gen_length`` slots hold MASK past that block. The oracle pass commits only ``y``'s
-tokens, so its canvas equals the reference's block by block and it stops after the same block: it never meets the
-MASK slots of ``y``. The last grid block may run past ``gen_length`` (the reference decodes it whole and returns
+block holding the first EOS (its later ``gen_length`` slots read the EOS fill). The oracle pass commits only ``y``'s
+tokens, so its canvas equals the reference's block by block and it stops after the same block, never decoding the
+filled slots. The last grid block may run past ``gen_length`` (the reference decodes it whole and returns
 ``gen_length`` tokens): those slots have no reference token, so the oracle takes its proposal there at once (label 1).
 """
 
@@ -30,7 +30,7 @@ from typing import ClassVar
 import torch
 
 from dlm_decode.core.state import DecodeState
-from dlm_decode.samplers.base import Sampler, Selection, block_vectors, candidates
+from dlm_decode.samplers.base import Sampler, Selection, block_slots, block_vectors, candidates
 
 
 def check_reference(who: str, reference: tuple[tuple[int, ...], ...], gen_length: int) -> None:
@@ -84,8 +84,9 @@ class Oracle(Sampler):
         y = torch.where(free, x0, y)
         active = cand.any(1)
         if self.record and bool(active.any()):  # each row's block as block_length columns (base.block_vectors)
-            mem["conf"].append(block_vectors(state, conf, r0)[active].float().cpu())
-            mem["label"].append(block_vectors(state, correct, r0, fill=True)[active].cpu())
+            slots = block_slots(state, r0, r0 + r)
+            mem["conf"].append(block_vectors(conf, slots)[active].float().cpu())
+            mem["label"].append(block_vectors(correct, slots, fill=True)[active].cpu())
         prev = mem["prev"]
         stuck = torch.zeros_like(active) if prev is None else ((x0 == prev) | ~in_block).all(1)
         mem["prev"] = x0
