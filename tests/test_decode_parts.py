@@ -109,6 +109,24 @@ def test_one_step_commits_what_the_sampler_chose():
     assert state.stats.tokens_per_step() == [[2]] and state.stats.trace[0].tolist() == [0, -1, 0, -1]
 
 
+def test_block_masked_is_shared_within_a_step_and_follows_every_change():
+    model = table_model([0.95, 0.5, 0.97, 0.4], tokens=[5, 6, 7, 8])
+    req = check_request(FACTS, [[3, 4], [9, 9]], gen_length=8, block_length=4)
+    state, _ = prepare(model, [[3, 4], [9, 9]], req)
+    begin_block(state, req.sampler, req.cache, open_rows(state))
+    first = state.block_masked()
+    assert first is state.block_masked()  # computed once while nothing it reads changes
+    assert first[:, 2:].tolist() == [[True] * 4 + [False] * 4] * 2
+    state.canvas[0, 3] = 5  # an in-place commit
+    assert state.block_masked()[0, 2:6].tolist() == [True, False, True, True]
+    state.finished[1] = True  # an in-place stop
+    assert not state.block_masked()[1].any() and state.block_masked()[0, 2]
+    state.cursor.block_end = torch.tensor([10, 10])  # a new block end
+    assert state.block_masked()[0, 2:].tolist() == [True, False] + [True] * 6
+    end = torch.tensor([4, 4])  # an explicit end is never memoised
+    assert state.block_masked(end)[0].tolist() == [False, False, True, False] + [False] * 6
+
+
 def test_open_rows_ends_when_every_row_is_done(llada):
     req = check_request(ModelFacts.of_model(llada), [[5, 6]], gen_length=4)
     state, _ = prepare(llada, [[5, 6]], req)

@@ -121,6 +121,7 @@ class DecodeState:
     cursor: BlockCursor
     stats: DecodeStats
     scratch: dict[str, Any] = field(default_factory=dict)  # per-call memory of samplers and caches, keyed by owner
+    _memo: dict[str, Any] = field(default_factory=dict, repr=False)  # derived views shared within a step
 
     # -- read-only views of the inputs
     @property
@@ -230,8 +231,21 @@ class DecodeState:
         return (idx >= self.block_start) & (idx < end[:, None])
 
     def block_masked(self, block_end: torch.Tensor | None = None) -> torch.Tensor:
-        """[B, T]: masked slots of the current block (ending at ``block_end`` when given) of unfinished rows."""
-        return self.is_masked() & self.in_block(block_end) & ~self.finished[:, None]
+        """[B, T]: masked slots of the current block (ending at ``block_end`` when given) of unfinished rows.
+
+        The loop, the cache plan and the sampler all ask for it several times a step; without ``block_end`` it is
+        computed once per change of what it reads (the canvas, the finish flags, the block; keyed on the tensors
+        themselves and their in-place versions) and shared. Callers must not write into it."""
+        if block_end is not None:
+            return self.is_masked() & self.in_block(block_end) & ~self.finished[:, None]
+        cur = self.cursor
+        key = (self.canvas, self.canvas._version, self.finished, self.finished._version, cur.block_start)
+        key += (cur.block_end, None if cur.block_end is None else cur.block_end._version)
+        memo = self._memo.get("block_masked")
+        if memo is None or not all(_same(a, b) for a, b in zip(memo[0], key, strict=True)):
+            memo = (key, self.is_masked() & self.in_block() & ~self.finished[:, None])
+            self._memo["block_masked"] = memo
+        return memo[1]
 
     def region(self) -> tuple[int, int]:
         """Default logits region: the current block (widest row)."""
@@ -239,3 +253,10 @@ class DecodeState:
         if cur.widest_end is None:  # block_end changed since the last read (the loop's sync usually fills it)
             cur.widest_end = int(cur.block_end.max())
         return self.block_start, cur.widest_end
+
+
+def _same(a: Any, b: Any) -> bool:
+    """A memo key's entries match: the same tensor object, or equal plain values (versions, ints, None)."""
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return a is b
+    return a == b

@@ -35,14 +35,11 @@ def attention_reference(
 ) -> torch.Tensor:  # [B, H, Q, D]
     if key_index is not None:
         k, v = gather_keys(k, key_index), gather_keys(v, key_index)
-    h, hk = q.shape[1], k.shape[1]
-    if h != hk:
-        k = k.repeat_interleave(h // hk, dim=1)
-        v = v.repeat_interleave(h // hk, dim=1)
+    gqa = q.shape[1] != k.shape[1]  # SDPA broadcasts the K/V heads itself (same numbers, no copies)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     if key_mask is None:
-        return F.scaled_dot_product_attention(q, k, v, scale=scale)
+        return F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=gqa)
     mask = key_mask[:, None, None, :]  # [B, 1, 1, S]
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
     # SDPA returns NaN for a fully hidden row; such rows have no keys to read from.
     return torch.where(key_mask.any(-1)[:, None, None, None], out, torch.zeros_like(out))

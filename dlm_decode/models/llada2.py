@@ -275,11 +275,10 @@ def attention(
     v: torch.Tensor,
     visible: torch.Tensor | None,  # [B, 1, N, S] or [B, 1, 1, S] bool, None: all
 ) -> torch.Tensor:  # [B, N, H * hd]
-    """Masked GQA attention (PyTorch SDPA), heads concatenated."""
-    rep = q.shape[1] // k.shape[1]
-    if rep > 1:
-        k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
-    out = nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=visible)
+    """Masked GQA attention (PyTorch SDPA, its own GQA broadcast: the numbers of ``repeat_interleave``'d K/V without
+    the copies), heads concatenated."""
+    gqa = q.shape[1] != k.shape[1]
+    out = nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=visible, enable_gqa=gqa)
     b, h, n, hd = out.shape
     return out.transpose(1, 2).reshape(b, n, h * hd)
 
