@@ -42,6 +42,7 @@ def main() -> None:
     p.add_argument("--sampler", default="threshold")
     p.add_argument("--sampler-opt", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--block-length", type=int, default=32)
+    p.add_argument("--gen-length", type=int, default=None, help="generation slots (default: each task's own)")
     p.add_argument("--batch-size", type=int, default=10)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--threads", type=int, default=1)
@@ -59,6 +60,8 @@ def main() -> None:
     for r in range(a.rounds):
         for task in tasks:
             base = {"sampler": a.sampler, "sampler_options": sopts, "block_length": a.block_length}
+            if a.gen_length:
+                base["gen_length"] = a.gen_length
             kw = task_kwargs(base, task.name, None)
             chats = [task.messages(i) for i in range(len(task))]
             for b0 in range(0, len(chats), a.batch_size):
@@ -92,6 +95,7 @@ def main() -> None:
         last = rows[-1]
         print(f"{label:40s} tok/s {last['tokens_per_s']:8.1f}  x{last['ratio']:.3f}  agreement {last['agreement']}")
     meta = {"model": a.model, "sampler": a.sampler, "sampler_options": sopts, "block_length": a.block_length}
+    meta["gen_length"] = a.gen_length
     print(json.dumps(meta | {"limit": a.limit, "rounds": a.rounds, "threads": a.threads, "settings": rows}))
 
 
