@@ -1153,13 +1153,16 @@ def test_demo_llada2_configs_load_as_the_shipped_runs_were_set(monkeypatch):
     monkeypatch.chdir(ROOT)  # the first stage names demo-llada (its upcycle source) relative to the repository
     first = cf.load_config(ROOT / "recipes" / "train_demo" / "configs" / "demo-llada2-stage1.yaml")
     assert first.model.upcycle == "dlm_decode/demo_models/demo-llada" and first.total_steps == 240
-    final = cf.load_config(
-        ROOT / "recipes" / "train_demo" / "configs" / "demo-llada2.yaml", [f"model.init={DEMO / 'demo-llada2'}"]
-    )
+    configs = ROOT / "recipes" / "train_demo" / "configs"
+    init = [f"model.init={DEMO / 'demo-llada2'}"]
+    second = cf.load_config(configs / "demo-llada2-stage2.yaml", init)
+    final = cf.load_config(configs / "demo-llada2.yaml", init)
     assert final.model.family == "llada2" and final.model.attention == "block_causal" and final.model.block_length == 32
-    assert final.total_steps == 1675 and final.optim.decay_steps == 600 and final.run.seed == first.run.seed
+    assert second.total_steps == 1675 and final.total_steps == 2400 and final.optim.decay_steps == 600
+    assert final.run.seed == second.run.seed == first.run.seed
     (stage,) = final.stages
     assert stage.pad and stage.aux_pad and final.data.task_weights["shuffle"] == 3
+    assert dataclasses.replace(final, stages=second.stages) == second  # the same stage, run longer
 
 
 def test_config_files_overrides_and_bad_configs_name_the_key(tmp_path):

@@ -64,7 +64,9 @@ def model_card(name: str, model: Any, training: dict, scores: dict, nfe: dict, b
         "a bidirectional mask), then trained with the block-causal mask from the first step"
         + (
             " ([`configs/demo-llada2-stage1.yaml`](../../../recipes/train_demo/configs/demo-llada2-stage1.yaml)); "
-            "that first model was continued by the final stage below"
+            "that first model was continued by a second stage "
+            "([`configs/demo-llada2-stage2.yaml`](../../../recipes/train_demo/configs/demo-llada2-stage2.yaml)) and "
+            "that one by the final stage below"
             if cfg.get("model", {}).get("init")
             else ""
         ),

@@ -50,8 +50,12 @@ def decode(model: Any, tok: Any, chats: list, cache: str, block: int) -> Any:
 def check_exact_cache(model: Any, tok: Any, data: Path, limit: int | None, block: int) -> dict[str, Any]:
     """Every task's first ``limit`` official samples: same ids and no more forwards with the ``prefix`` cache as
     without; ValueError naming the first sample that differs. Returns the forwards of both."""
+    from tqdm.auto import tqdm
+
     nfe = {"none": 0, "prefix": 0, "samples": 0}
-    for task in load_tasks(data, TASKS, limit=limit):
+    tasks = load_tasks(data, TASKS, limit=limit)
+    bar = tqdm(total=sum(len(t) for t in tasks), desc="exact-cache check", unit="sample")
+    for task in tasks:
         chats = [task.messages(i) for i in range(len(task))]
         for i in range(0, len(chats), 50):
             plain, cached = (decode(model, tok, chats[i : i + 50], c, block) for c in ("none", "prefix"))
@@ -61,6 +65,8 @@ def check_exact_cache(model: Any, tok: Any, data: Path, limit: int | None, block
                 nfe["none"] += a.nfe
                 nfe["prefix"] += b.nfe
                 nfe["samples"] += 1
+            bar.update(len(plain.rows))
+    bar.close()
     return nfe
 
 
