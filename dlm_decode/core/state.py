@@ -237,15 +237,18 @@ class DecodeState:
         computed once per change of what it reads (the canvas, the finish flags, the block; keyed on the tensors
         themselves and their in-place versions) and shared. Callers must not write into it."""
         if block_end is not None:
-            return self.is_masked() & self.in_block(block_end) & ~self.finished[:, None]
+            return self._block_masked(block_end)
         cur = self.cursor
         key = (self.canvas, self.canvas._version, self.finished, self.finished._version, cur.block_start)
         key += (cur.block_end, None if cur.block_end is None else cur.block_end._version)
         memo = self._memo.get("block_masked")
         if memo is None or not all(_same(a, b) for a, b in zip(memo[0], key, strict=True)):
-            memo = (key, self.is_masked() & self.in_block() & ~self.finished[:, None])
+            memo = (key, self._block_masked(None))
             self._memo["block_masked"] = memo
         return memo[1]
+
+    def _block_masked(self, block_end: torch.Tensor | None) -> torch.Tensor:  # [B, T], the rule itself
+        return self.is_masked() & self.in_block(block_end) & ~self.finished[:, None]
 
     def region(self) -> tuple[int, int]:
         """Default logits region: the current block (widest row)."""
