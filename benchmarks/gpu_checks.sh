@@ -10,8 +10,12 @@
 #      re-stated Fast-dLLM dual-cache loop timed in the same run; $VR_ROWS, $VR_CONFIGS, $REPEATS override;
 #      $COMPILE=MODE adds the compiled generate as a further side, $GRAPHS=1 the one with step graphs);
 #   6. profile8b: profile_decode.py at LLaDA-8B widths in bf16 (where a decode's time goes: the device's busy share,
-#      the top kernels, bare-forward times; $CACHES, $COMPILE as above).
-# Usage: bash benchmarks/gpu_checks.sh OUTDIR [tests|attention|caches|tune|versus8b|profile8b ...]
+#      the top kernels, bare-forward times; $CACHES, $COMPILE as above, $GRAPHS=1 with step graphs);
+#   7. blockdiff: bench_block_diffusion.py on a random LLaDA2 of LLaDA2.0-mini's widths in bf16 (issue 48's block
+#      diffusion target: the exact cache eager and with step graphs against the reference's uncached rule and an
+#      SDAR-style loop, each way's share of the roofline counting the routed experts a forward reaches;
+#      $BD_BATCHES, $REPEATS, $BD_GEN override).
+# Usage: bash benchmarks/gpu_checks.sh OUTDIR [tests|attention|caches|tune|versus8b|profile8b|blockdiff ...]
 #        (default: tests attention caches)
 # Runs from a checkout without installing (PYTHONPATH); writes gpu_tests.log, attention.jsonl, caches*.log, tune.log,
 # versus8b.log.
@@ -73,8 +77,13 @@ CASES
     ;;
   profile8b)
     python3 benchmarks/profile_decode.py --shape llada-8b --device cuda --dtype bfloat16 --cache "${CACHES:-none,dual}" \
-      ${COMPILE:+--compile "$COMPILE"} 2>&1 | grep -v '^USDT' | tee "$out/profile8b${TAG:-}.log" | grep -v '^{'
+      ${COMPILE:+--compile "$COMPILE"} ${GRAPHS:+--graphs} 2>&1 | grep -v '^USDT' | tee "$out/profile8b${TAG:-}.log" | grep -v '^{'
     ;;
-  *) echo "unknown part $part (tests, attention, caches, tune, versus8b, profile8b)" >&2; exit 2 ;;
+  blockdiff)
+    python3 benchmarks/bench_block_diffusion.py --shape mini --device cuda --dtype bfloat16 \
+      --batches "${BD_BATCHES:-1}" --gen "${BD_GEN:-256}" --repeats "${REPEATS:-2}" 2>&1 |
+      tee "$out/blockdiff${TAG:-}.log" | grep -v '^{'
+    ;;
+  *) echo "unknown part $part (tests, attention, caches, tune, versus8b, profile8b, blockdiff)" >&2; exit 2 ;;
   esac
 done

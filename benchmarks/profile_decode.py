@@ -56,6 +56,7 @@ def profile_cache(model: Any, prompt: torch.Tensor, args: argparse.Namespace, ca
             block_length=BLOCK,
             temperature=0.0,
             compile=args.compile or False,
+            cuda_graphs=args.graphs,
         )
 
     run()  # warm-up: kernels (and with --compile the graphs) compiled, allocator grown
@@ -79,6 +80,9 @@ def profile_cache(model: Any, prompt: torch.Tensor, args: argparse.Namespace, ca
     )
     print(table.table(sort_by=key, row_limit=args.rows, max_name_column_width=60))
     summary = {"cache": cache, "nfe": out.nfe, "wall_s": wall, "busy_s": busy, "busy_share": busy / wall}
+    if args.graphs:  # kernels replayed from a graph are traced where the profiler's CUPTI sees graph nodes
+        summary["graphs"] = out.graphs
+        print(f"step graphs: {out.graphs}")
     if args.op_sites:
         summary |= count_ops(run, args.op_sites)
     return summary
@@ -140,6 +144,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         help="also count the ATen operators of one more decode per cache: per forward, the N most frequent and the N "
         "dlm_decode source lines that dispatch the most",
     )
+    p.add_argument("--graphs", action="store_true", help="decode with step graphs (generate(cuda_graphs=True))")
     add_compile_arg(p, "; here every profiled decode (the bare forwards stay eager)")
     args = p.parse_args(argv)
     caches = [c for c in args.cache.split(",") if c]
@@ -171,6 +176,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "threads": torch.get_num_threads(),
         "build_s": built,
         "compile": args.compile,
+        "graphs": args.graphs,
     }
     if cuda:
         result["gpu"] = torch.cuda.get_device_name()

@@ -39,17 +39,28 @@ def _answer(x: list[int], p: int, gen_length: int, eos_id: int) -> list[int]:
 
 @torch.no_grad()
 def llada2_generate(
-    model, prompt: list[int], *, gen_length, block_length=32, steps=32, threshold=0.95, mask_id, eos_id, minimal_topk=1
+    model,
+    prompt: list[int],
+    *,
+    gen_length,
+    block_length=32,
+    steps=32,
+    threshold=0.95,
+    mask_id,
+    eos_id,
+    minimal_topk=1,
+    device="cpu",
 ):
-    """LLaDA2.0 ``generate`` (eos_early_stop False): returns (tokens, nfe)."""
+    """LLaDA2.0 ``generate`` (eos_early_stop False): returns (tokens, nfe). ``device``: where the canvas lives (the
+    model's)."""
     steps = min(steps, gen_length // minimal_topk)
     p = len(prompt)
     nb = (p + gen_length + block_length - 1) // block_length
     total = nb * block_length
-    mask4d = block_mask(total, block_length)
-    x = torch.full((1, total), mask_id, dtype=torch.long)
+    mask4d = block_mask(total, block_length).to(device)
+    x = torch.full((1, total), mask_id, dtype=torch.long, device=device)
     x[0, :p] = torch.tensor(prompt)
-    pos = torch.arange(total)[None]
+    pos = torch.arange(total, device=device)[None]
     sched = schedule(block_length, steps)
     nfe = 0
     for k in range(p // block_length, nb):
@@ -62,9 +73,9 @@ def llada2_generate(
             nfe += 1
             tok, prob = greedy(logits[0, -block_length:])
             n = sched[step]
-            conf = torch.where(active, prob, torch.tensor(float("-inf")))
+            conf = torch.where(active, prob, torch.tensor(float("-inf"), device=device))
             high = conf > threshold
-            transfer = torch.zeros(block_length, dtype=torch.bool)
+            transfer = torch.zeros(block_length, dtype=torch.bool, device=device)
             if int(high.sum()) >= n:
                 transfer = high
             else:

@@ -119,6 +119,8 @@ NOT_RUN = {
     ("README.md", "make demo"): "the set-up commands themselves: `make test` is this suite (and its lint); `make demo` "
     "builds .venv and runs `dlm-decode demo`, run here as `dlm-decode demo --quick` (README, Commands)",
     ("docs/benchmarks.md", "gpu_checks.sh"): "GPU-only: needs a CUDA machine (`pytest -m gpu` and gpu_checks.sh there)",
+    ("docs/block_diffusion.md", "gpu_checks.sh"): "GPU-only: needs a CUDA machine (its CPU pieces: "
+    "tests/test_bench_block_diffusion.py)",
     ("docs/eval.md", "accelerate launch"): "two-process data-parallel launches: tests/test_eval_plugin.py runs the "
     "two-process evaluation (slow)",
 }

@@ -110,3 +110,42 @@ def test_mask_and_eos_order(tmp_path):
     assert model.mask_token_id == 5 and model.eos_token_ids == [EOS]
     model.adopt_tokenizer_ids(SimpleNamespace(mask_token_id=6, eos_token_id=7))  # config values now win
     assert model.mask_token_id == 5
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("top1", [False, True])
+def test_grouped_experts_equal_looped(tmp_path, top1):
+    """The grouped expert path (no host sync, graph-recordable; the default for bf16 on CUDA) gives the looped one's
+    logits on inputs that leave some experts without tokens, and packing the experts into stacks keeps the official
+    parameter names and values (a state dict round trip, a dtype change re-packs)."""
+    over = {"num_experts_per_tok": 1} if top1 else {}
+    model, _ = load_model(write_llada2(tmp_path / "m", seed=5, **over))
+    moes = [m for m in model.modules() if hasattr(m, "grouped")]
+    ids = torch.randint(0, MASK, (2, 7), generator=torch.Generator().manual_seed(2))
+    looped = model(ids, block_length=8).logits
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    for m in moes:
+        m.grouped = True
+    grouped = model(ids, block_length=8).logits
+    assert (grouped - looped).abs().max() < 1e-4 and looped.abs().max() > 1e-2
+    layer = moes[0]
+    one = ids[:1, :1]  # one token reaches top-k of the experts: the others' groups are empty
+    assert layer.gate.top_k < len(layer.experts)
+    for m in moes:
+        m.grouped = False
+    one_looped = model(one).logits
+    for m in moes:
+        m.grouped = True
+    assert (model(one).logits - one_looped).abs().max() < 1e-4
+    stack = layer._packed[0]
+    assert layer.experts[1].gate_proj.weight.data_ptr() == stack[1].data_ptr()  # a view, not a copy
+    after = model.state_dict()
+    assert after.keys() == before.keys() and all(torch.equal(after[k], before[k]) for k in before)
+    model.to(torch.bfloat16)  # new parameter storage: the stacks are rebuilt from it
+    low = model(ids, block_length=8).logits.float()
+    assert layer._packed[0].dtype == torch.bfloat16
+    assert layer.experts[1].gate_proj.weight.data_ptr() == layer._packed[0][1].data_ptr()
+    for m in moes:
+        m.grouped = False
+    low_looped = model(ids, block_length=8).logits.float()
+    assert (low - low_looped).abs().mean() < 0.02 * low_looped.abs().mean()

@@ -157,8 +157,10 @@ def run_model(
         logits = model.denoise(
             canvas, pos, compute=compute, region=region, store=kv, key_mask=km, key_index=ki, layers=plan.layers
         )
-    elif graphs is not None and not blocks and graphs.takes(canvas, compute, kv, ki, read):
-        logits = graphs.run(model.denoise, canvas, pos, compute=compute, region=region, key_mask=km, key_index=ki)
+    elif graphs is not None and graphs.takes(canvas, compute, kv, ki, read):
+        logits = graphs.run(
+            model.denoise, canvas, pos, compute=compute, region=region, key_mask=km, key_index=ki, **blocks
+        )
     else:
         logits = model.denoise(
             canvas, pos, compute=compute, region=region, store=kv, key_mask=km, key_index=ki, read=read, **blocks

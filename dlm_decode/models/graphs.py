@@ -103,6 +103,7 @@ class StepGraphs:
         region: tuple[int, int],
         key_mask: torch.Tensor | None,  # [B, T]
         key_index: slice | None,
+        block_length: int | None = None,  # block-causal models: the mask's block
     ) -> torch.Tensor:  # [B, R, V]
         t = canvas.shape[1]
         key = (
@@ -111,10 +112,13 @@ class StepGraphs:
             tuple(region),
             None if key_index is None else key_index.indices(t),
             None if key_mask is None else tuple(key_mask.shape),
+            block_length,
         )
         e = self._entries.setdefault(key, _Entry())
         e.uses += 1
         kwargs = dict(compute=compute, region=region, store=self.store, key_index=key_index)
+        if block_length is not None:
+            kwargs["block_length"] = block_length
         if e.uses == 1:
             self.eager += 1
             return denoise(canvas, positions, key_mask=key_mask, **kwargs)
