@@ -102,6 +102,7 @@ REWRITES = (
         "2 official prompts a task x 3 passes: 1 prompt a task, 1 pass",
         append="--samples 1 --repeats 1",
     ),
+    Rewrite(r"^python benchmarks/prompt_blind\.py", "10 samples a task, twice: 1", append="--limit 1"),
     Rewrite(r"^python benchmarks/profile_decode\.py", "gen 256 x 5 repeats: gen 32, 1", append="--gen 32 --repeats 1"),
     Rewrite(
         r"^python benchmarks/cache_ratios\.py",
@@ -133,7 +134,7 @@ EXPECT = {  # block (file, text it contains) -> what its stdout must contain
 
 NEEDS_DATA = re.compile(
     r"dlm-decode (parallelbench|eval)|\.\./shared|parallelbench_|bench_lossless|bench_speed\.py"
-    r"|cache_ratios|elastic_drift|bench_block_diffusion.*--data"
+    r"|cache_ratios|elastic_drift|prompt_blind|bench_block_diffusion.*--data"
 )
 NEEDS_EVAL = re.compile(r"dlm-decode eval|import lm_eval")
 
