@@ -84,12 +84,18 @@ class SparseMoE(nn.Module):
         shape = h.shape
         x = h.reshape(-1, shape[-1])  # [N, d]
         ids, w = self.gate(x)  # [N, k]
-        grouped = self.grouped if self.grouped is not None else (x.is_cuda and x.dtype == torch.bfloat16)
-        out = self._grouped(x, ids, w) if grouped else self._looped(x, ids, w)  # [N, d] fp32
+        out = self._grouped(x, ids, w) if self.runs_grouped(x.device, x.dtype) else self._looped(x, ids, w)  # [N, d]
         y = out.to(h.dtype).view(shape)
         if self.shared_experts is not None:
             y = y + self.shared_experts(h)
         return y
+
+    def runs_grouped(self, device: torch.device, dtype: torch.dtype) -> bool:
+        """Which expert path a forward on ``device`` in ``dtype`` takes: ``grouped`` when set, else grouped for bf16
+        on CUDA only."""
+        if self.grouped is not None:
+            return self.grouped
+        return torch.device(device).type == "cuda" and dtype == torch.bfloat16
 
     def _looped(self, x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         """The reference's order: expert after expert over the tokens routed to it (one host sync a layer)."""
