@@ -100,11 +100,13 @@ class OptimConfig:
 @dataclass(frozen=True)
 class Stage:
     """One stage of the curriculum: ``steps`` steps of ``kind`` rows (short: short rows only; full: the official
-    prompts plus ``share`` short rows) over ``tasks`` (None: the twelve benchmark tasks). Options left None take
-    ``data``'s value. ``lengths``: people per waiting-line list (a length curriculum); ``gap``: the most filler words
-    after a short row's list; ``aux_chat=False`` keeps training-only rows out of the official slots; ``aux_pad``:
-    whether training-only rows are EOS-padded (default: as ``pad``); ``canvas``: full rows padded to a length drawn
-    up to N tokens; ``reset``: fresh optimizer moments at the stage's start."""
+        prompts plus ``share`` short rows) over ``tasks`` (None: the twelve benchmark tasks). Options left None take
+        ``data``'s value. ``lengths``: people per waiting-line list (a length curriculum); ``gap``: the most filler words
+        after a short row's list; ``aux_chat=False`` keeps training-only rows out of the official slots; ``aux_pad``:
+        whether training-only rows are EOS-padded (default: as ``pad``); ``canvas``: full rows padded to a length drawn
+        up to N tokens; ``reset``: fresh optimizer moments at the stage's start; ``stale``: the share of rows trained the
+    way a Fast-dLLM prefix or dual cache serves them at decode time, blocks of ``stale_block`` tokens (``stale.py``;
+    bidirectional models)."""
 
     kind: str
     steps: int
@@ -119,6 +121,8 @@ class Stage:
     aux_chat: bool = True
     aux_pad: bool | None = None
     canvas: int = 0
+    stale: float = 0.0
+    stale_block: int = 32
 
 
 @dataclass(frozen=True)
@@ -281,6 +285,8 @@ def check_config(cfg: TrainConfig) -> None:
     _check_optim(cfg.optim)
     for i, st in enumerate(cfg.stages):
         _check_stage(st, f"stages[{i}]")
+        if st.stale and cfg.model.family == "llada2":
+            raise ValueError(f"stages[{i}].stale: llada2's cache is exact; no stale rows (llada, dream only)")
     _check_run(cfg.run)
     names_self = any(SELF in (st.tasks or ()) for st in cfg.stages)
     if names_self and not cfg.data.self_rows:
@@ -379,7 +385,7 @@ def _check_stage(st: Stage, where: str) -> None:
         raise ValueError(f"{where}.steps must be >= 1, got {st.steps}")
     if st.tasks is not None and not st.tasks:
         raise ValueError(f"{where}.tasks: give at least one task (or leave it out for the twelve)")
-    for key in ("share", "icl"):
+    for key in ("share", "icl", "stale"):
         value = getattr(st, key)
         if value is not None and not 0.0 <= value <= 1.0:
             raise ValueError(f"{where}.{key} must be in [0, 1], got {value}")
@@ -387,6 +393,8 @@ def _check_stage(st: Stage, where: str) -> None:
         raise ValueError(f"{where}.lr must be > 0, got {st.lr}")
     if st.gap is not None and st.gap < 0:
         raise ValueError(f"{where}.gap must be a whole number of words >= 0, got {st.gap}")
+    if st.stale_block < 1:
+        raise ValueError(f"{where}.stale_block must be >= 1 token, got {st.stale_block}")
     if st.canvas and not 1 <= st.canvas <= MAX_CANVAS:
         raise ValueError(f"{where}.canvas must be a token count in [1, {MAX_CANVAS}], got {st.canvas}")
     tasks = st.tasks or STAGE_TASKS

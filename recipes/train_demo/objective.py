@@ -6,6 +6,9 @@ masked independently per token with probability ``p = (1 - eps) t + eps``, ``t ~
 the cross-entropy on masked response tokens weighted by ``1 / p`` and divided by the response length, averaged over
 the batch. Dream's logits are shifted (``logit_shift`` 1): token ``i`` is scored from the hidden state at ``i - 1``.
 
+A stale row (``stale_share``, ``stale.py``) is scored the way a Fast-dLLM prefix or dual cache serves it at decode
+time: one block of its response attends to the other positions' keys and values from the block's refresh canvas.
+
 A block-causal model (``family: llada2``) is trained with its decoding mask: ``block_length`` goes to the model's
 ``hidden_states``, so a token sees its own block and every earlier one on the absolute position grid (position 0 is
 the row's first real token, as in decoding), never a later block; the forward process and loss are the same.
@@ -20,6 +23,8 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+
+from recipes.train_demo.stale import draw_stale_rows, stale_hidden_states
 
 
 def collate(rows: list[tuple[list[int], list[int]]], pad_id: int) -> dict[str, torch.Tensor]:
@@ -70,19 +75,32 @@ def masked_logits(
     eps: float = 1e-3,
     stratified: bool = False,
     block_length: int | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    stale: tuple[float, int] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Mask the responses (``mask_response``) and score the masked slots: logits [M, V] from hidden ``i -
-    logit_shift`` (the LM head runs only on those), their true ids [M], each one's batch row [M], and p_mask [B].
-    ``block_length``: block-causal attention (block-causal models only)."""
+    logit_shift`` (the LM head runs only on those), their true ids [M], each one's batch row [M], p_mask [B] and
+    each row's scored length [B] (the response's; a stale row's block's).
+    ``block_length``: block-causal attention (block-causal models only); ``stale``: (share, block) of stale rows
+    (bidirectional models; ``stale.py``), drawn after the masks so that share 0 draws what it always drew."""
     core = model.module if hasattr(model, "module") else model
+    ids, valid = batch["input_ids"], batch["valid"]
     noisy, masked, p_mask = mask_response(batch, core.mask_token_id, generator, eps, stratified)
-    valid = batch["valid"]
+    length = batch["response_length"].clone()
     positions = (valid.long().cumsum(1) - 1).clamp(min=0)
-    kw = {"block_length": block_length} if block_length is not None else {}
-    hid = core.hidden_states(noisy, positions, key_mask=valid, **kw)  # [B, T, d]
+    spec = draw_stale_rows(batch["response"], stale[0], stale[1], generator) if stale and stale[0] > 0 else None
+    if spec is None:
+        kw = {"block_length": block_length} if block_length is not None else {}
+        hid = core.hidden_states(noisy, positions, key_mask=valid, **kw)  # [B, T, d]
+    else:
+        scored = masked[spec.rows] & spec.block  # [N, T]: only the block is scored
+        masked = masked.index_put((spec.rows,), scored)
+        length[spec.rows] = spec.block_length
+        canvas = torch.where(spec.block, noisy[spec.rows], ids[spec.rows])  # the response before the block is text
+        noisy = noisy.index_put((spec.rows,), canvas).masked_fill(spec.after, core.mask_token_id)
+        hid = stale_hidden_states(core, noisy, positions, valid, spec)
     rows, cols = masked.nonzero(as_tuple=True)
     logits = core.output_logits(hid[rows, cols - core.logit_shift])  # [M, V]
-    return logits, batch["input_ids"][rows, cols], rows, p_mask
+    return logits, ids[rows, cols], rows, p_mask, length
 
 
 def diffusion_loss(
@@ -92,11 +110,13 @@ def diffusion_loss(
     eps: float = 1e-3,
     stratified: bool = False,
     block_length: int | None = None,
+    stale: tuple[float, int] | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """LLaDA SFT loss: sum over masked response tokens of CE / p_mask, divided by the response length, batch mean."""
-    logits, target, rows, p_mask = masked_logits(model, batch, generator, eps, stratified, block_length)
+    """LLaDA SFT loss: sum over masked response tokens of CE / p_mask, divided by the response length (a stale
+    row's block length), batch mean."""
+    logits, target, rows, p_mask, length = masked_logits(model, batch, generator, eps, stratified, block_length, stale)
     ce = F.cross_entropy(logits.float(), target, reduction="none")  # [M]
-    weight = 1.0 / (p_mask[rows] * batch["response_length"][rows])
+    weight = 1.0 / (p_mask[rows] * length[rows])
     loss = (ce * weight).sum() / batch["input_ids"].shape[0]
     return loss, {"masked": int(rows.numel()), "ce": float(ce.detach().mean()) if rows.numel() else 0.0}
 

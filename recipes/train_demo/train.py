@@ -236,7 +236,8 @@ def train_step(run: Run, step: int, resets: set[int]) -> dict:
     batch = {k: v.to(acc.device) for k, v in batch.items()}
     gen = step_generator(cfg.run.seed, step)
     stratified = cfg.data.t_sampling == "stratified"
-    loss, _ = diffusion_loss(run.model, batch, gen, stratified=stratified, block_length=cfg.model.block_length)
+    block, stale = cfg.model.block_length, (stage.stale, stage.stale_block)
+    loss, _ = diffusion_loss(run.model, batch, gen, stratified=stratified, block_length=block, stale=stale)
     acc.backward(loss)
     acc.clip_grad_norm_([p for _, p in run.trainable], 1.0)
     run.opt.step()
