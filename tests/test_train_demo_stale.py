@@ -33,12 +33,13 @@ def _canvas(tok):
 
 
 def _oracle(m, ids, refresh_ids, positions, valid, start, end, dual):  # one row [1, T] each -> hidden [1, T', d]
+    """The refresh forward writes every slot; the next computes [start - shift, end) (dual) or [start - shift, T)."""
     n_layers, n_kv, hd = m.kv_shape()
     store = KVStore(n_layers, 1, n_kv, ids.shape[1], hd, dtype=torch.float32, device="cpu")
     with torch.no_grad():
         m.hidden_states(refresh_ids, positions, kv=KVAccess(store), key_mask=valid)
         stop = end if dual else ids.shape[1]
-        part = slice(start, stop)
+        part = slice(start - m.logit_shift, stop)
         return m.hidden_states(ids[:, part], positions[:, part], kv=KVAccess(store), slots=part, key_mask=valid), part
 
 
@@ -55,7 +56,8 @@ def test_stale_forward_equals_the_cached_forward(model, dual):
     noisy = ids.clone()
     noisy[block & (col % 2 == 0)] = m.mask_token_id  # half the block masked
     refresh = resp & (col >= start)
-    stale = ~block & ((col < start) | dual)  # [2, T]
+    computed = (col >= start - m.logit_shift) & (col < end)  # Dream's caches compute the slot before the block too
+    stale = (~computed & ((col < start - m.logit_shift) | dual)).expand(2, t)  # [2, T]
     rows = torch.tensor([1])
     spec = StaleRows(rows, block[[0]], refresh[[0]], stale[[0]], torch.zeros_like(resp), torch.tensor([8.0]))
     with torch.no_grad():
@@ -63,8 +65,9 @@ def test_stale_forward_equals_the_cached_forward(model, dual):
         fresh = m.hidden_states(noisy, positions, key_mask=valid)
     refresh_ids = noisy[[1]].masked_fill(refresh[[0]], m.mask_token_id)
     want, part = _oracle(m, noisy[[1]], refresh_ids, positions[[1]], valid[[1]], start, end, dual)
-    # the block's hidden states (Dream scores slot i from hidden i - 1; the block's own ones are compared for both)
-    torch.testing.assert_close(got[1, start:end], want[0, start - part.start : end - part.start], atol=1e-5, rtol=1e-5)
+    # the hidden states that score the block (Dream: slot i from hidden i - 1)
+    s0, s1 = start - m.logit_shift, end - m.logit_shift
+    torch.testing.assert_close(got[1, s0:s1], want[0, s0 - part.start : s1 - part.start], atol=1e-5, rtol=1e-5)
     assert (got[1, start:end] - fresh[1, start:end]).abs().max() > 1e-3  # the stale keys do change the block
     torch.testing.assert_close(got[0], fresh[0])  # a fresh row is untouched
     assert "layer_pieces" not in m.__dict__  # the eager pieces are back

@@ -100,13 +100,13 @@ class OptimConfig:
 @dataclass(frozen=True)
 class Stage:
     """One stage of the curriculum: ``steps`` steps of ``kind`` rows (short: short rows only; full: the official
-        prompts plus ``share`` short rows) over ``tasks`` (None: the twelve benchmark tasks). Options left None take
-        ``data``'s value. ``lengths``: people per waiting-line list (a length curriculum); ``gap``: the most filler words
-        after a short row's list; ``aux_chat=False`` keeps training-only rows out of the official slots; ``aux_pad``:
-        whether training-only rows are EOS-padded (default: as ``pad``); ``canvas``: full rows padded to a length drawn
-        up to N tokens; ``reset``: fresh optimizer moments at the stage's start; ``stale``: the share of rows trained the
-    way a Fast-dLLM prefix or dual cache serves them at decode time, blocks of ``stale_block`` tokens (``stale.py``;
-    bidirectional models)."""
+    prompts plus ``share`` short rows) over ``tasks`` (None: the twelve benchmark tasks). Options left None take
+    ``data``'s value. ``lengths``: people per waiting-line list (a length curriculum); ``gap``: the most filler words
+    after a short row's list; ``aux_chat=False`` keeps training-only rows out of the official slots; ``aux_pad``:
+    whether training-only rows are EOS-padded (default: as ``pad``); ``canvas``: full rows padded to a length drawn
+    up to N tokens; ``reset``: fresh optimizer moments at the stage's start; ``stale``: the share of rows trained
+    the way a Fast-dLLM prefix or dual cache serves them at decode time, in blocks of ``stale_block`` tokens
+    (``stale.py``; bidirectional models)."""
 
     kind: str
     steps: int

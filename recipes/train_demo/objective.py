@@ -87,7 +87,9 @@ def masked_logits(
     noisy, masked, p_mask = mask_response(batch, core.mask_token_id, generator, eps, stratified)
     length = batch["response_length"].clone()
     positions = (valid.long().cumsum(1) - 1).clamp(min=0)
-    spec = draw_stale_rows(batch["response"], stale[0], stale[1], generator) if stale and stale[0] > 0 else None
+    spec = None
+    if stale and stale[0] > 0:
+        spec = draw_stale_rows(batch["response"], stale[0], stale[1], generator, core.logit_shift)
     if spec is None:
         kw = {"block_length": block_length} if block_length is not None else {}
         hid = core.hidden_states(noisy, positions, key_mask=valid, **kw)  # [B, T, d]

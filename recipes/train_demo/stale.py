@@ -11,9 +11,10 @@ decode-time state as a training row (the decode code itself is ``dlm_decode.deco
   the response before the block is its true text, after it MASK, and the block is masked by the row's usual draw;
 - the *refresh canvas* is the same row with the block and everything after it MASK: the canvas of the block's first
   forward, whose keys and values the cache keeps;
-- in the scored forward the stale positions (the prompt and the response before the block; for a ``dual`` row also
-  the response after it) take their keys and values from the refresh canvas's forward, run without gradients; only
-  the block's masked tokens are scored, with the block's length in place of the response length in the loss weight.
+- in the scored forward the stale positions (the prompt and the response before the block, but for the slot just
+  before it with Dream's shifted logits; for a ``dual`` row also the response after it) take their keys and values
+  from the refresh canvas's forward, run without gradients; only the block's masked tokens are scored, with the
+  block's length in place of the response length in the loss weight.
 
 The layers' ``pieces`` hook (``dlm_decode.models.common.EagerLayers``) swaps the keys and values after the
 projections and RoPE, where the decoder's K/V store sits, so the model code is not changed for training.
@@ -47,9 +48,12 @@ def draw_stale_rows(
     share: float,
     block: int,
     generator: torch.Generator,
+    logit_shift: int = 0,
 ) -> StaleRows | None:
     """Pick the stale rows (each row with probability ``share``), each one's block (uniform over its response's
-    blocks) and its cache (``dual`` or ``prefix``, even odds). None when no row is picked."""
+    blocks) and its cache (``dual`` or ``prefix``, even odds). None when no row is picked. With ``logit_shift`` 1
+    (Dream) the slot before the block is computed afresh too, as the caches compute it (its hidden state scores the
+    block's first slot)."""
     b, t = response.shape
     pick = torch.rand(b, generator=generator, device=generator.device).to(response.device) < share
     where = torch.rand(b, generator=generator, device=generator.device).to(response.device)
@@ -65,7 +69,8 @@ def draw_stale_rows(
     in_block = (col >= start[:, None]) & (col < end[:, None])
     after = response & (col >= end[:, None])
     refresh = response & (col >= start[:, None])
-    stale = ~in_block & ((col < start[:, None]) | dual[:, None])
+    fresh = (col >= start[:, None] - logit_shift) & (col < end[:, None])
+    stale = ~fresh & ((col < start[:, None] - logit_shift) | dual[:, None])
     after[~pick] = False
     return StaleRows(rows, in_block[rows], refresh[rows], stale[rows], after, (end - start)[rows].float())
 
