@@ -101,3 +101,13 @@ def test_stale_options_are_checked_before_work(tmp_path):
     llada2 = {"model": {"family": "llada2", "attention": "block_causal", "block_length": 32, "init": "x"}}
     with pytest.raises(ValueError, match="cache is exact"):
         cf.config_from_dict({**llada2, "stages": base["stages"]})
+
+
+def test_the_stale_experiment_config_loads_as_it_was_run():
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "recipes" / "train_demo" / "configs" / "demo-llada-stale.yaml"
+    cfg = cf.load_config(path, ["model.init=demo-llada"])
+    (stage,) = cfg.stages
+    assert (stage.stale, stage.stale_block, stage.steps) == (0.5, 32, 1200)
+    assert (cfg.data.full_batch, cfg.optim.lr, cfg.optim.decay_steps, cfg.run.seed) == (32, 1e-4, 300, 49)
