@@ -103,11 +103,13 @@ def test_stale_options_are_checked_before_work(tmp_path):
         cf.config_from_dict({**llada2, "stages": base["stages"]})
 
 
-def test_the_stale_experiment_config_loads_as_it_was_run():
+@pytest.mark.parametrize("name, family, seed", [("demo-llada-stale", "llada", 49), ("demo-dream-stale", "dream", 51)])
+def test_the_stale_experiment_configs_load_as_they_were_run(name, family, seed):
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "recipes" / "train_demo" / "configs" / "demo-llada-stale.yaml"
-    cfg = cf.load_config(path, ["model.init=demo-llada"])
+    path = Path(__file__).resolve().parents[1] / "recipes" / "train_demo" / "configs" / f"{name}.yaml"
+    cfg = cf.load_config(path, ["model.init=x"])
     (stage,) = cfg.stages
     assert (stage.stale, stage.stale_block, stage.steps) == (0.5, 32, 1200)
-    assert (cfg.data.full_batch, cfg.optim.lr, cfg.optim.decay_steps, cfg.run.seed) == (32, 1e-4, 300, 49)
+    assert (cfg.model.family, cfg.data.full_batch, cfg.optim.lr, cfg.optim.decay_steps) == (family, 32, 1e-4, 300)
+    assert cfg.run.seed == seed
