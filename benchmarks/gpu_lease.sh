@@ -4,6 +4,7 @@
 #
 #   bash benchmarks/gpu_lease.sh prepare        # here: the carried inputs into runs/gpu_carry (git-ignored)
 #   bash benchmarks/gpu_lease.sh run            # there, with OUT set, carrying runs/gpu_carry and runs/self
+#   bash benchmarks/gpu_lease.sh stale          # a second call there: issue 49's stale-rows runs at batch 128
 #
 # `prepare` copies the official ParallelBench files ($DLM_PARALLELBENCH_DATA or --data's default place beside the
 # checkout) and the previous demo-llada (git commit bf25d0f, the config's --init) into runs/gpu_carry; the self rows
@@ -17,6 +18,11 @@
 #   profile8b.log   gpu_checks.sh profile8b with the dual cache and step graphs (where a graphed step's time goes);
 #   versus8b.log    gpu_checks.sh versus8b, threshold+prefix and threshold+dual with step graphs.
 # DEADLINE (seconds, default 555) is when the last part must end; the timed parts run only after the training.
+# `stale` trains configs/demo-llada-stale.yaml and demo-dream-stale.yaml side by side from the shipped models at
+# batch 128 (four times the CPU runs' rows), each bounded by STALE_SECONDS (default 240), and brings back
+# stale-llada.tar / stale-dream.tar (log, config, last export) and their logs; score the exports here with
+# `dlm-decode parallelbench --model EXPORT --data $PB --sampler threshold --sampler-opt threshold=0.9 --block-length 32
+# --cache none|prefix|dual --limit 25 --batch-size 25 --json`. It needs the dream self rows in runs/self too.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 carry=runs/gpu_carry
@@ -24,8 +30,8 @@ carry=runs/gpu_carry
 prepare() {
   local pb=${DLM_PARALLELBENCH_DATA:-../shared/data/parallelbench}
   [[ -d $pb/waiting_line ]] || { echo "no ParallelBench files at $pb (set DLM_PARALLELBENCH_DATA)" >&2; exit 2; }
-  for f in runs/self/traj-llada-shuffle/train.jsonl runs/self/traj-llada-random/train.jsonl; do
-    [[ -f $f ]] || { echo "missing $f (see recipes/train_demo/configs/demo-llada.yaml)" >&2; exit 2; }
+  for f in runs/self/traj-{llada,dream}-{shuffle,random}/train.jsonl; do
+    [[ -f $f ]] || { echo "missing $f (the trajectories.py commands at the top of the config that names it)" >&2; exit 2; }
   done
   rm -rf "$carry" && mkdir -p "$carry/init"
   cp -r "$pb" "$carry/pb"
@@ -64,8 +70,28 @@ print(torch.__version__, triton.__version__, transformers.__version__, a.__versi
   echo "done at $((SECONDS - t0)) s"
 }
 
+stale_one() {  # stale_one NAME MODEL: one stale-rows run, its files into $OUT
+  local out=$OUT name=$1 model=$2
+  timeout "${STALE_SECONDS:-240}" python3 -m recipes.train_demo.train --config "recipes/train_demo/configs/$name.yaml" \
+    --init "dlm_decode/demo_models/$model" --out "/tmp/$name" --set data.full_batch=128 --set data.short_batch=128 \
+    --set run.row_workers=6 --set run.time_limit=$((${STALE_SECONDS:-240} - 30)) >"$out/$name.log" 2>&1
+  echo "rc $?" >>"$out/$name.log"
+  local last
+  last=$(cd "/tmp/$name" && ls -d export* 2>/dev/null | sort -V | tail -1)
+  tar -C "/tmp/$name" -cf "$out/$name.tar" log.jsonl run.json ${last:+"$last"}
+}
+
+stale() {
+  : "${OUT:?OUT: the folder whose files come back}"
+  export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 DLM_PARALLELBENCH_DATA=$PWD/$carry/pb TOKENIZERS_PARALLELISM=false
+  stale_one demo-llada-stale demo-llada &
+  stale_one demo-dream-stale demo-dream
+  wait
+}
+
 case ${1:-} in
 prepare) prepare ;;
 run) run ;;
-*) echo "usage: bash benchmarks/gpu_lease.sh prepare|run" >&2; exit 2 ;;
+stale) stale ;;
+*) echo "usage: bash benchmarks/gpu_lease.sh prepare|run|stale" >&2; exit 2 ;;
 esac
