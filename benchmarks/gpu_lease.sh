@@ -20,7 +20,7 @@
 # DEADLINE (seconds, default 555) is when the last part must end; the timed parts run only after the training.
 # `stale` trains configs/demo-llada-stale.yaml and demo-dream-stale.yaml side by side from the shipped models at
 # batch 128 (four times the CPU runs' rows), each bounded by STALE_SECONDS (default 240), and brings back
-# stale-llada.tar / stale-dream.tar (log, config, last export) and their logs; score the exports here with
+# demo-llada-stale.tar / demo-dream-stale.tar (log, config, last export) and their logs; score the exports here with
 # `dlm-decode parallelbench --model EXPORT --data $PB --sampler threshold --sampler-opt threshold=0.9 --block-length 32
 # --cache none|prefix|dual --limit 25 --batch-size 25 --json`. It needs the dream self rows in runs/self too.
 set -uo pipefail
@@ -39,11 +39,15 @@ prepare() {
   du -sh "$carry" runs/self
 }
 
+device_env() {  # the device side's environment: the checkout importable, the carried ParallelBench files
+  export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 DLM_PARALLELBENCH_DATA=$PWD/$carry/pb TOKENIZERS_PARALLELISM=false
+}
+
 run() {
   local out=${OUT:?OUT: the folder whose files come back} t0=$SECONDS deadline=${DEADLINE:-555} l train
   left() { echo $((deadline - (SECONDS - t0))); }
   cap() { l=$(left); ((l < $1)) && echo "$l" || echo "$1"; }
-  export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 DLM_PARALLELBENCH_DATA=$PWD/$carry/pb TOKENIZERS_PARALLELISM=false
+  device_env
   {
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
     nproc
@@ -71,10 +75,10 @@ print(torch.__version__, triton.__version__, transformers.__version__, a.__versi
 }
 
 stale_one() {  # stale_one NAME MODEL: one stale-rows run, its files into $OUT
-  local out=$OUT name=$1 model=$2
-  timeout "${STALE_SECONDS:-240}" python3 -m recipes.train_demo.train --config "recipes/train_demo/configs/$name.yaml" \
+  local out=$OUT name=$1 model=$2 bound=${STALE_SECONDS:-240}
+  timeout "$bound" python3 -m recipes.train_demo.train --config "recipes/train_demo/configs/$name.yaml" \
     --init "dlm_decode/demo_models/$model" --out "/tmp/$name" --set data.full_batch=128 --set data.short_batch=128 \
-    --set run.row_workers=6 --set run.time_limit=$((${STALE_SECONDS:-240} - 30)) >"$out/$name.log" 2>&1
+    --set run.row_workers=6 --set run.time_limit=$((bound - 30)) >"$out/$name.log" 2>&1
   echo "rc $?" >>"$out/$name.log"
   local last
   last=$(cd "/tmp/$name" && ls -d export* 2>/dev/null | sort -V | tail -1)
@@ -83,7 +87,7 @@ stale_one() {  # stale_one NAME MODEL: one stale-rows run, its files into $OUT
 
 stale() {
   : "${OUT:?OUT: the folder whose files come back}"
-  export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 DLM_PARALLELBENCH_DATA=$PWD/$carry/pb TOKENIZERS_PARALLELISM=false
+  device_env
   stale_one demo-llada-stale demo-llada &
   stale_one demo-dream-stale demo-dream
   wait

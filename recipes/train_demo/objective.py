@@ -6,8 +6,9 @@ masked independently per token with probability ``p = (1 - eps) t + eps``, ``t ~
 the cross-entropy on masked response tokens weighted by ``1 / p`` and divided by the response length, averaged over
 the batch. Dream's logits are shifted (``logit_shift`` 1): token ``i`` is scored from the hidden state at ``i - 1``.
 
-A stale row (``stale_share``, ``stale.py``) is scored the way a Fast-dLLM prefix or dual cache serves it at decode
-time: one block of its response attends to the other positions' keys and values from the block's refresh canvas.
+A stale row (``stale``: its share and block, ``stale.py``) is scored the way a Fast-dLLM prefix or dual cache serves
+it at decode time: one block of its response attends to the other positions' keys and values from the block's
+refresh canvas.
 
 A block-causal model (``family: llada2``) is trained with its decoding mask: ``block_length`` goes to the model's
 ``hidden_states``, so a token sees its own block and every earlier one on the absolute position grid (position 0 is

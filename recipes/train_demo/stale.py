@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dlm_decode.models.common import EagerLayers, layer_input, layer_output
+from dlm_decode.models.common import EagerLayers, layer_input
 
 
 @dataclass(frozen=True)
@@ -77,7 +77,8 @@ def draw_stale_rows(
 
 class StaleKV(EagerLayers):
     """Layer pieces that record every layer's keys and values (the refresh forward, over the stale rows only), then
-    put them in place of the stale positions' in the next forward (over the whole batch)."""
+    put them in place of the stale positions' in the next forward (over the whole batch); the output piece is the
+    eager one."""
 
     def __init__(self, rows: torch.Tensor, stale: torch.Tensor) -> None:
         self.rows = rows  # [N]
@@ -96,9 +97,6 @@ class StaleKV(EagerLayers):
         k = k.index_put((self.rows,), torch.where(self.stale, old_k, k[self.rows]))
         v = v.index_put((self.rows,), torch.where(self.stale, old_v, v[self.rows]))
         return q, k, v
-
-    def output(self, block, attn, h, rows):
-        return layer_output(block, attn, h, rows)
 
 
 def stale_hidden_states(
