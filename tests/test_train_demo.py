@@ -1287,6 +1287,51 @@ def test_block_causal_loss_uses_the_decoding_mask(tok, rows):
     assert abs(float(bidirectional - loss)) > 1e-4
 
 
+def test_clean_context_rows_score_one_block_in_the_state_it_is_decoded_in(tok, rows):
+    """Every row clean-context (share 1): the loss equals the official forward's on the decode-time canvas of each
+    row's drawn block (the response before it true, the block masked by the row's draw, everything after it MASK)
+    under the block-causal mask, scoring the block's masked slots weighted by 1 / (p_mask * its length). The drawn
+    blocks include later ones (whose context the row makes clean), and the loss differs from the whole-response one."""
+    torch.manual_seed(0)
+    size = cf.ModelConfig(d_model=32, n_layers=2, n_heads=2, mlp_hidden=64, moe_hidden=16, **LLADA2)
+    model = md.make_model(size, tok)
+    batch = ob.collate(rows[:3] + [(rows[3][0][:-5], rows[3][1])], tok.pad_token_id)  # rows of unequal lengths
+    loss, _ = ob.diffusion_loss(model, batch, torch.Generator().manual_seed(5), block_length=8, clean_context=1.0)
+    g = torch.Generator().manual_seed(5)
+    noisy, masked, p_mask = ob.mask_response(batch, tok.mask_token_id, g)
+    torch.rand(4, generator=g)  # the pick draw (share 1 picks every row)
+    where = torch.rand(4, generator=g)
+    valid, resp, ids = batch["valid"], batch["response"], batch["input_ids"]
+    pos = (valid.long().cumsum(1) - 1).clamp(min=0)
+    blk = pos // 8
+    canvas, scored, chosen = ids.clone(), torch.zeros_like(masked), []
+    for i in range(4):
+        blocks = sorted({int(b) for b in blk[i][resp[i]]})
+        c = blocks[int(float(where[i]) * len(blocks))]
+        chosen.append(c > blocks[0])
+        in_block = resp[i] & (blk[i] == c)
+        canvas[i] = torch.where(in_block, noisy[i], ids[i]).masked_fill(resp[i] & (blk[i] > c), tok.mask_token_id)
+        scored[i] = masked[i] & in_block
+        p_mask[i] = p_mask[i] * in_block.sum()
+    assert any(chosen) and int(scored.sum()) > 0
+    mask4d = (valid[:, None, :] & (blk[:, None, :] <= blk[:, :, None]))[:, None]  # [B, 1, T, T]
+    mask4d |= torch.eye(valid.shape[1], dtype=torch.bool)
+    logits = model(canvas, attention_mask=mask4d, position_ids=pos).logits
+    ce = torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids, reduction="none")
+    want = ((ce * scored) / p_mask[:, None]).sum() / 4
+    torch.testing.assert_close(loss, want, rtol=1e-5, atol=1e-6)
+    whole, _ = ob.diffusion_loss(model, batch, torch.Generator().manual_seed(5), block_length=8)
+    assert abs(float(whole - loss)) > 1e-4
+    for bad, message in (({"clean_context": 1.5}, r"clean_context must be in \[0, 1\]"),):
+        with pytest.raises(ValueError, match=message):
+            _stage(**bad)
+    raw = {"model": {"tokenizer": "t"}, "stages": [{"kind": "full", "steps": 3, "clean_context": 0.5}]}
+    with pytest.raises(ValueError, match=r"stages\[0\].clean_context: rows for block-causal models"):
+        cf.config_from_dict(raw)
+    with pytest.raises(ValueError, match="need a block-causal model"):
+        ob.diffusion_loss(model, batch, torch.Generator().manual_seed(5), clean_context=0.5)
+
+
 def test_block_causal_hidden_states_see_earlier_blocks_only(tok):
     torch.manual_seed(0)
     size = cf.ModelConfig(d_model=32, n_layers=2, n_heads=2, mlp_hidden=64, moe_hidden=16, **LLADA2)

@@ -106,7 +106,8 @@ class Stage:
     whether training-only rows are EOS-padded (default: as ``pad``); ``canvas``: full rows padded to a length drawn
     up to N tokens; ``reset``: fresh optimizer moments at the stage's start; ``stale``: the share of rows trained
     the way a Fast-dLLM prefix or dual cache serves them at decode time, in blocks of ``stale_block`` tokens
-    (``stale.py``; bidirectional models)."""
+    (``stale.py``; bidirectional models); ``clean_context``: the share of rows scored on one block with the response
+    before it clean, the state a block is decoded in (``objective.py``; block-causal models)."""
 
     kind: str
     steps: int
@@ -123,6 +124,7 @@ class Stage:
     canvas: int = 0
     stale: float = 0.0
     stale_block: int = 32
+    clean_context: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -287,6 +289,10 @@ def check_config(cfg: TrainConfig) -> None:
         _check_stage(st, f"stages[{i}]")
         if st.stale and cfg.model.family == "llada2":
             raise ValueError(f"stages[{i}].stale: llada2's cache is exact; no stale rows (llada, dream only)")
+        if st.clean_context and cfg.model.family != "llada2":
+            raise ValueError(
+                f"stages[{i}].clean_context: rows for block-causal models (llada2), not {cfg.model.family}"
+            )
     _check_run(cfg.run)
     names_self = any(SELF in (st.tasks or ()) for st in cfg.stages)
     if names_self and not cfg.data.self_rows:
@@ -385,7 +391,7 @@ def _check_stage(st: Stage, where: str) -> None:
         raise ValueError(f"{where}.steps must be >= 1, got {st.steps}")
     if st.tasks is not None and not st.tasks:
         raise ValueError(f"{where}.tasks: give at least one task (or leave it out for the twelve)")
-    for key in ("share", "icl", "stale"):
+    for key in ("share", "icl", "stale", "clean_context"):
         value = getattr(st, key)
         if value is not None and not 0.0 <= value <= 1.0:
             raise ValueError(f"{where}.{key} must be in [0, 1], got {value}")

@@ -13,6 +13,11 @@ refresh canvas.
 A block-causal model (``family: llada2``) is trained with its decoding mask: ``block_length`` goes to the model's
 ``hidden_states``, so a token sees its own block and every earlier one on the absolute position grid (position 0 is
 the row's first real token, as in decoding), never a later block; the forward process and loss are the same.
+A clean-context row (``clean_context``: its share) is the state a block is decoded in: one grid block of the response
+is masked by the row's draw, the response before it is its true text, and only that block is scored (weighted by
+its length). Block diffusion's training (Arriola et al. 2025, BD3-LM; LLaDA2.0's and SDAR's recipes) noises each
+block against clean earlier blocks for this reason; a whole-response draw almost never shows a heavily masked block
+after clean ones, the state every block after the first starts from at decode time.
 
 Rows are left-padded (positions ``cumsum(valid) - 1``, key-padding mask), the canvas layout ``dlm_decode.generate``
 decodes with. The masks of a step are drawn from ``step_generator(seed, step)``, so a resumed run draws the same.
@@ -77,17 +82,25 @@ def masked_logits(
     stratified: bool = False,
     block_length: int | None = None,
     stale: tuple[float, int] | None = None,
+    clean_context: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Mask the responses (``mask_response``) and score the masked slots: logits [M, V] from hidden ``i -
     logit_shift`` (the LM head runs only on those), their true ids [M], each one's batch row [M], p_mask [B] and
     each row's scored length [B] (the response's; a stale row's block's).
     ``block_length``: block-causal attention (block-causal models only); ``stale``: (share, block) of stale rows
-    (bidirectional models; ``stale.py``), drawn after the masks so that share 0 draws what it always drew."""
+    (bidirectional models; ``stale.py``) and ``clean_context``: the share of clean-context rows (block-causal
+    models), both drawn after the masks so that share 0 draws what it always drew."""
     core = model.module if hasattr(model, "module") else model
     ids, valid = batch["input_ids"], batch["valid"]
     noisy, masked, p_mask = mask_response(batch, core.mask_token_id, generator, eps, stratified)
     length = batch["response_length"].clone()
     positions = (valid.long().cumsum(1) - 1).clamp(min=0)
+    if clean_context > 0:
+        if block_length is None:
+            raise ValueError("clean_context rows need a block-causal model (block_length)")
+        noisy, masked, length = clean_context_rows(
+            batch, noisy, masked, positions // block_length, clean_context, generator
+        )
     spec = None
     if stale and stale[0] > 0:
         spec = draw_stale_rows(batch["response"], stale[0], stale[1], generator, core.logit_shift)
@@ -106,6 +119,32 @@ def masked_logits(
     return logits, ids[rows, cols], rows, p_mask, length
 
 
+def clean_context_rows(
+    batch: dict[str, torch.Tensor],
+    noisy: torch.Tensor,  # [B, T] the masked canvas
+    masked: torch.Tensor,  # [B, T] bool, its masked response slots
+    grid: torch.Tensor,  # [B, T] each slot's block on the absolute grid (positions // block_length)
+    share: float,
+    generator: torch.Generator,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Pick rows with probability ``share`` and one block of each picked row's response (uniform over the grid
+    blocks that hold response slots): the response before it becomes its true text, and only the block's masked
+    slots stay scored (a block-causal block never sees the slots after it). -> noisy, masked [B, T], and each row's
+    scored length [B] (the block's response slots for a picked row, the response's otherwise)."""
+    ids, resp = batch["input_ids"], batch["response"]
+    b = ids.shape[0]
+    pick = torch.rand(b, generator=generator, device=generator.device).to(ids.device) < share  # [B]
+    where = torch.rand(b, generator=generator, device=generator.device).to(ids.device)
+    first = torch.where(resp, grid, grid.new_tensor(2**30)).amin(1)  # [B] the response's first block
+    last = torch.where(resp, grid, grid.new_tensor(-1)).amax(1)
+    chosen = first + (where * (last - first + 1)).floor().long()  # [B]
+    before = resp & (grid < chosen[:, None]) & pick[:, None]
+    outside = resp & (grid != chosen[:, None]) & pick[:, None]
+    in_block = (resp & (grid == chosen[:, None])).sum(1).float()
+    length = torch.where(pick, in_block, batch["response_length"])
+    return torch.where(before, ids, noisy), masked & ~outside, length
+
+
 def diffusion_loss(
     model: Any,
     batch: dict[str, torch.Tensor],
@@ -114,10 +153,13 @@ def diffusion_loss(
     stratified: bool = False,
     block_length: int | None = None,
     stale: tuple[float, int] | None = None,
+    clean_context: float = 0.0,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """LLaDA SFT loss: sum over masked response tokens of CE / p_mask, divided by the response length (a stale
-    row's block length), batch mean."""
-    logits, target, rows, p_mask, length = masked_logits(model, batch, generator, eps, stratified, block_length, stale)
+    """LLaDA SFT loss: sum over masked response tokens of CE / p_mask, divided by the response length (a stale or
+    clean-context row's block length), batch mean."""
+    logits, target, rows, p_mask, length = masked_logits(
+        model, batch, generator, eps, stratified, block_length, stale, clean_context
+    )
     ce = F.cross_entropy(logits.float(), target, reduction="none")  # [M]
     weight = 1.0 / (p_mask[rows] * length[rows])
     loss = (ce * weight).sum() / batch["input_ids"].shape[0]

@@ -237,7 +237,9 @@ def train_step(run: Run, step: int, resets: set[int]) -> dict:
     gen = step_generator(cfg.run.seed, step)
     stratified = cfg.data.t_sampling == "stratified"
     block, stale = cfg.model.block_length, (stage.stale, stage.stale_block)
-    loss, _ = diffusion_loss(run.model, batch, gen, stratified=stratified, block_length=block, stale=stale)
+    loss, _ = diffusion_loss(
+        run.model, batch, gen, stratified=stratified, block_length=block, stale=stale, clean_context=stage.clean_context
+    )
     acc.backward(loss)
     acc.clip_grad_norm_([p for _, p in run.trainable], 1.0)
     run.opt.step()
