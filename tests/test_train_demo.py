@@ -1156,13 +1156,17 @@ def test_demo_llada2_configs_load_as_the_shipped_runs_were_set(monkeypatch):
     configs = ROOT / "recipes" / "train_demo" / "configs"
     init = [f"model.init={DEMO / 'demo-llada2'}"]
     second = cf.load_config(configs / "demo-llada2-stage2.yaml", init)
+    third = cf.load_config(configs / "demo-llada2-stage3.yaml", init)
     final = cf.load_config(configs / "demo-llada2.yaml", init)
     assert final.model.family == "llada2" and final.model.attention == "block_causal" and final.model.block_length == 32
-    assert second.total_steps == 1675 and final.total_steps == 2400 and final.optim.decay_steps == 600
-    assert final.run.seed == second.run.seed == first.run.seed
-    (stage,) = final.stages
-    assert stage.pad and stage.aux_pad and final.data.task_weights["shuffle"] == 3
-    assert dataclasses.replace(final, stages=second.stages) == second  # the same stage, run longer
+    assert second.total_steps == 1675 and third.total_steps == 2400 and third.optim.decay_steps == 600
+    assert third.run.seed == second.run.seed == first.run.seed
+    (stage,) = third.stages
+    assert stage.pad and stage.aux_pad and third.data.task_weights["shuffle"] == 3
+    assert dataclasses.replace(third, stages=second.stages) == second  # the same stage, run longer
+    # the final stage: the third's, with three clean-context rows in four, half the peak rate and its own seed
+    assert final.stages == (dataclasses.replace(stage, clean_context=0.75),) and final.optim.lr == third.optim.lr / 2
+    assert final.data == third.data and final.total_steps == 2400 and final.run.seed == 4646
 
 
 def test_config_files_overrides_and_bad_configs_name_the_key(tmp_path):

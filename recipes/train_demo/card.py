@@ -65,8 +65,9 @@ def model_card(name: str, model: Any, training: dict, scores: dict, nfe: dict, b
         + (
             " ([`configs/demo-llada2-stage1.yaml`](../../../recipes/train_demo/configs/demo-llada2-stage1.yaml)); "
             "that first model was continued by a second stage "
-            "([`configs/demo-llada2-stage2.yaml`](../../../recipes/train_demo/configs/demo-llada2-stage2.yaml)) and "
-            "that one by the final stage below"
+            "([`configs/demo-llada2-stage2.yaml`](../../../recipes/train_demo/configs/demo-llada2-stage2.yaml)), "
+            "a third ([`configs/demo-llada2-stage3.yaml`](../../../recipes/train_demo/configs/demo-llada2-stage3.yaml))"
+            " and the final stage below"
             if cfg.get("model", {}).get("init")
             else ""
         ),
