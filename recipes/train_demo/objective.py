@@ -86,7 +86,7 @@ def masked_logits(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Mask the responses (``mask_response``) and score the masked slots: logits [M, V] from hidden ``i -
     logit_shift`` (the LM head runs only on those), their true ids [M], each one's batch row [M], p_mask [B] and
-    each row's scored length [B] (the response's; a stale row's block's).
+    each row's scored length [B] (the response's; a stale or clean-context row's block's).
     ``block_length``: block-causal attention (block-causal models only); ``stale``: (share, block) of stale rows
     (bidirectional models; ``stale.py``) and ``clean_context``: the share of clean-context rows (block-causal
     models), both drawn after the masks so that share 0 draws what it always drew."""
