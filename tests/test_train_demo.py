@@ -1355,6 +1355,27 @@ def _runner_json(tasks: list[str]) -> dict:
     return {"tasks": rows, "decoding": {"sampler": "low_confidence", "block_length": 8, "gen_length": 128}}
 
 
+def test_ship_notes_replace_or_keep_the_cards_hand_sections(tmp_path):
+    """--notes FILE puts that markdown after the generated card (an empty file drops the hand sections); a missing
+    file is named; hand_sections finds exactly the sections the generator does not write, in order."""
+    from recipes.train_demo import ship as sh
+    from recipes.train_demo.card import hand_sections
+
+    card = "# m\n\n## Model\n- x\n\n## Parallel decoding (every sample)\n| a |\n\n## Exact cache\nsame\n\n## Zeta\nz\n"
+    assert list(hand_sections(card)) == ["Parallel decoding (every sample)", "Zeta"]
+    assert hand_sections(card)["Zeta"] == "## Zeta\nz"
+    (tmp_path / "README.md").write_text(card)
+    notes = tmp_path / "notes.md"
+    notes.write_text("## New history\ntext\n")
+    assert sh.card_notes(str(notes), tmp_path) == "## New history\ntext\n"
+    assert sh.card_notes("keep", tmp_path) == "## Parallel decoding (every sample)\n| a |\n\n## Zeta\nz"
+    notes.write_text("")
+    assert sh.card_notes(str(notes), tmp_path) == ""
+    with pytest.raises(ValueError, match="--notes .*missing.md: no such file"):
+        sh.card_notes(str(tmp_path / "missing.md"), tmp_path)
+    assert sh.card_notes(None, tmp_path / "no-card-yet") == ""  # a first ship has nothing to keep
+
+
 def test_ship_checks_the_exact_cache_and_writes_a_demo_directory(tok, tmp_path, mini_pb, capsys):
     """ship.py on a tiny llada2 export: the exact-cache check runs over the twelve tasks (prefix cache = no cache),
     then the weights, tokenizer, generation_config (gen 128 cap, the scores' block), scores and card are written; a
@@ -1379,6 +1400,16 @@ def test_ship_checks_the_exact_cache_and_writes_a_demo_directory(tok, tmp_path, 
     assert "On 12 official samples" in card  # one sample of each of the twelve tasks, decoded both ways
     model, _ = dlm_decode.load_model(out, dtype=torch.float32)
     assert type(model).__name__ == "LLaDA2MoeModelLM"
+    hand = "## How it got here\nThree stages.\n\n## Learn2PD filter\nA filter."
+    (out / "README.md").write_text(card + "\n" + hand + "\n")
+    with pytest.raises(SystemExit) as e:  # a re-ship would drop the hand sections: refused, the card untouched
+        sh.main([*args, "--out", str(out)])
+    assert e.value.code == 1 and (out / "README.md").read_text() == card + "\n" + hand + "\n"
+    assert "(How it got here, Learn2PD filter)" in capsys.readouterr().err
+    sh.main([*args, "--out", str(out), "--notes", "keep"])
+    kept = (out / "README.md").read_text()
+    assert kept.count("## How it got here\nThree stages.") == 1 and kept.rstrip().endswith("A filter.")
+    assert kept.index("## Exact cache") < kept.index("## How it got here")  # generated sections, then the notes
     ck.export_model(_tiny(tok, "llada"), tok, tmp_path / "bidir", {"step": 1})
     for bad, message in (
         (["--export", str(tmp_path / "bidir")], "is not block-causal"),

@@ -1,11 +1,27 @@
 """The README model card of a shipped block-causal demo model (``ship.py``), in the other demo models' layout:
-what it is, the model, the training, the ParallelBench scores against the demo targets, the exact-cache check."""
+what it is, the model, the training, the ParallelBench scores against the demo targets, the exact-cache check.
+Sections written by hand after a ship (how the model got here, parallel decoding, the Learn2PD filter) are not
+generated: ``hand_sections`` finds them in a card so that ``ship.py --notes keep`` carries them over, and
+``model_card(notes=...)`` appends them after the generated ones."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from recipes.train_demo.scoring import OPEN_GEN, TARGETS
+
+GENERATED = ("Model", "Training", "ParallelBench scores (official test files)", "Exact cache")
+
+
+def hand_sections(card: str) -> dict[str, str]:
+    """The ``## `` sections of a card that ``model_card`` does not write, title -> the section's markdown (its
+    heading line included, trailing blank lines dropped), in the card's order."""
+    found: dict[str, str] = {}
+    for chunk in card.split("\n## ")[1:]:
+        title = chunk.split("\n", 1)[0].strip()
+        if title not in GENERATED:
+            found[title] = ("## " + chunk).rstrip("\n")
+    return found
 
 
 def _model_lines(model: Any) -> list[str]:
@@ -38,8 +54,8 @@ def _score_table(scores: dict[str, Any]) -> list[str]:
     return rows
 
 
-def model_card(name: str, model: Any, training: dict, scores: dict, nfe: dict, block: int) -> str:
-    """The card's markdown."""
+def model_card(name: str, model: Any, training: dict, scores: dict, nfe: dict, block: int, notes: str = "") -> str:
+    """The card's markdown; ``notes`` (hand-written markdown sections) follow the generated ones."""
     cfg = training.get("config", {})
     stages = cfg.get("stages", [])
     lines = [
@@ -93,4 +109,6 @@ def model_card(name: str, model: Any, training: dict, scores: dict, nfe: dict, b
         f"on every sample ({nfe['none']} forwards without it, {nfe['prefix']} with it).",
         "",
     ]
+    if notes.strip():
+        lines += [notes.strip("\n"), ""]
     return "\n".join(lines)

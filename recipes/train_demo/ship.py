@@ -1,7 +1,8 @@
 """Ship a block-causal (llada2_moe) export of the recipe as a demo model directory, after checking its exact cache.
 
     python -m recipes.train_demo.ship --export runs/train_demo/demo-llada2/export --scores SCORES.json \\
-        --out dlm_decode/demo_models/demo-llada2 --data PARALLELBENCH_DIR [--limit N] [--name demo-llada2]
+        --out dlm_decode/demo_models/demo-llada2 --data PARALLELBENCH_DIR [--limit N] [--name demo-llada2] \\
+        [--notes keep|NOTES.md]
 
 ``SCORES.json`` is the ``--json`` output of ``dlm-decode parallelbench`` on the export, one token per step and
 open-ended (``--sampler low_confidence --gen-length 128 --block-length 32 --steps 128``). Before anything is written,
@@ -11,6 +12,11 @@ stops the ship with the sample named (exit 1). The directory gets the export's c
 tokenizer files, a ``generation_config.json`` (gen length cap, block, steps, mask / EOS ids), ``scores.json`` (the
 runner's scores in the other demo models' layout: scores, strict, mean, n, seconds, decoding) and a ``README.md``
 card from the export's ``training.json`` and the scores.
+
+The card's hand-written sections (any ``## `` section the generator does not write, such as "How it got here") are
+never lost silently: ``--notes keep`` carries those of the card in ``--out`` over unchanged, ``--notes FILE`` puts
+that markdown in their place (an empty file drops them), and without ``--notes`` a card that has them stops the ship
+before any work, naming them.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ import torch
 
 import dlm_decode
 from dlm_decode.parallelbench.runner import load_tasks
-from recipes.train_demo.card import model_card
+from recipes.train_demo.card import hand_sections, model_card
 from recipes.train_demo.scoring import OPEN_GEN, TASKS
 
 SHIPPED = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
@@ -114,11 +120,31 @@ def generation_config(model: Any, block: int) -> dict[str, Any]:
     }
 
 
+def card_notes(notes: str | None, out: Path) -> str:
+    """The hand-written sections the new card ends with (``--notes``); refuses to drop the current card's ones."""
+    card = out / "README.md"
+    kept = hand_sections(card.read_text()) if card.is_file() else {}
+    if notes == "keep":
+        return "\n\n".join(kept.values())
+    if notes is not None:
+        path = Path(notes)
+        if not path.is_file():
+            raise ValueError(f"--notes {notes}: no such file (give 'keep' or a markdown file of card sections)")
+        return path.read_text()
+    if kept:
+        raise ValueError(
+            f"--out {card} has hand-written sections ({', '.join(kept)}) that the new card would lose: pass "
+            "--notes keep to carry them over, or --notes FILE with their new text (an empty file drops them)"
+        )
+    return ""
+
+
 def ship(args: argparse.Namespace) -> None:
     export, out = Path(args.export), Path(args.out)
     missing = [f for f in (*SHIPPED, "training.json") if not (export / f).is_file()]
     if missing:
         raise ValueError(f"--export {export}: missing {', '.join(missing)} (a train_demo export directory)")
+    notes = card_notes(args.notes, out)
     scores = shipped_scores(runner_json(Path(args.scores)), str(export))
     torch.set_num_threads(args.threads)
     model, tok = dlm_decode.load_model(export, dtype=torch.float32)
@@ -133,7 +159,7 @@ def ship(args: argparse.Namespace) -> None:
     (out / "generation_config.json").write_text(json.dumps(generation_config(model, block), indent=1) + "\n")
     (out / "scores.json").write_text(json.dumps(scores, indent=1) + "\n")
     training = json.loads((export / "training.json").read_text())
-    (out / "README.md").write_text(model_card(args.name, model, training, scores, nfe, block))
+    (out / "README.md").write_text(model_card(args.name, model, training, scores, nfe, block, notes))
     print(f"shipped {export} -> {out}")
 
 
@@ -146,6 +172,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--limit", type=int, default=None, help="samples per task of the exact-cache check (all)")
     ap.add_argument("--block-length", type=int, default=32, help="block when the scores do not name one")
     ap.add_argument("--name", default="demo-llada2")
+    ap.add_argument("--notes", default=None, help="'keep' (the card's hand sections) or a markdown file")
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args(argv)
     try:
