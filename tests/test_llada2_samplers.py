@@ -85,9 +85,13 @@ def test_parallelbench_runner_and_cli_take_the_family(tmp_path, capsys):
     write_tokenizer(path)
     argv = ["parallelbench", "--model", str(path), "--data", str(SHARED_DATA), "--tasks", "waiting_line/copy"]
     assert main(argv + ["--limit", "2", "--preset", "llada2", "--json"]) == 0
-    (entry,) = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["tasks"]
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    (entry,) = out["tasks"]
     assert entry["n"] == 2 and entry["sampler"]["name"] == "llada2" and entry["cache"]["name"] == "prefix"
     assert entry["nfe"] >= 1
+    assert out["decoding"]["cache"] == "prefix"  # the default the run used, not the request's null
+    assert main(argv + ["--limit", "1", "--preset", "llada2", "--cache", "none", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["decoding"]["cache"] == "none"
 
 
 def test_oracle_bound_on_an_open_ended_decode(tmp_path):

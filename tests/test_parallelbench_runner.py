@@ -76,6 +76,7 @@ def test_cli_table_json_limit_and_text_task_notice(tok_dir, capsys):
     assert 1 <= entry["oracle_nfe"] <= entry["nfe"] and entry["nfe_ratio"] >= 1
     assert 0 <= entry["score"] <= 100 and len(entry["trace"]) == 32
     assert "words_to_sentence/easy" in out["skipped"]
+    assert out["decoding"]["cache"] == "none"  # a bidirectional model's default, named
 
 
 @needs_data

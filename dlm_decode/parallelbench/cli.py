@@ -9,7 +9,9 @@
 
 The decoding flags are ``generate``'s (same parser); ``--gen-length`` defaults to each task's budget. ``--json`` prints
 one JSON object last: ``{"tasks": [{"task", "n", "score", "score_strict", "nfe", "tokens_per_step", "seconds",
-"tokens_per_second", "threads", "oracle_nfe", "nfe_ratio", "sampler", "cache", ...}], "summary", "skipped", ...}``.
+"tokens_per_second", "threads", "oracle_nfe", "nfe_ratio", "sampler", "cache", ...}], "decoding", "summary",
+"skipped", ...}``; ``decoding`` holds the options the run used, the model's default cache named when none was given
+(``prefix``, exact, on a block-causal model; ``none`` on a bidirectional one).
 
 A progress bar per task (per (config, task) run in sweeps) goes to stderr. Timings are taken with ``--threads``
 torch threads (default 1, as in ``demo``: on a busy 2-core machine torch's default ran 24x slower), recorded as
@@ -196,12 +198,15 @@ def _report(args: argparse.Namespace, kw: dict[str, Any], results, interrupted: 
     print(format_table(results))
     if args.json:
         done = [r for r in results if not r.skipped]
+        decoding = dict(kw)
+        if kw.get("cache") is None and done:  # the model's default, not null: the exact prefix on block-causal ones
+            decoding["cache"] = done[0].cache.get("name")
         print(
             json.dumps(
                 {
                     "model": str(args.model),
                     "source": _source(args),
-                    "decoding": {k: v for k, v in kw.items()},
+                    "decoding": decoding,
                     "compile": args.compile,
                     "tasks": [r.to_json(outputs=args.outputs) for r in done],
                     "skipped": {r.task: r.skipped for r in results if r.skipped},

@@ -96,7 +96,8 @@ def model_card(name: str, model: Any, training: dict, scores: dict, nfe: dict, b
         "",
         "## ParallelBench scores (official test files)",
         f"One token per step, open-ended: `sampler=low_confidence`, gen length {OPEN_GEN} as a cap, block {block}, "
-        f"steps {OPEN_GEN}, temperature 0, no cache, stopping after the block holding the first EOS; "
+        f"steps {OPEN_GEN}, temperature 0, the model's default exact `prefix` cache (the same tokens as no cache, "
+        "below), stopping after the block holding the first EOS; "
         "`dlm-decode parallelbench --model DIR --data PB --sampler low_confidence --gen-length 128 "
         f"--block-length {block} --steps 128 --batch-size 50 --json`"
         + (f" (limit: {scores['limit']} samples a task)" if scores.get("limit") else "")
