@@ -105,6 +105,12 @@ def test_demo_models_carry_their_trained_lengths(name):
     assert read_generation_defaults(demo_model_path(name)) == want
 
 
+def test_demo_llada2_carries_its_open_ended_cap_and_chat():
+    """Open-ended with a 128-slot cap, block 32, one token per step, and text prompts as chats by default."""
+    want = GenerationDefaults(gen_length=128, block_length=32, steps=128, chat=True)
+    assert read_generation_defaults(demo_model_path("demo-llada2")) == want
+
+
 COPY_PROMPT = (
     "You are managing a waiting line at a customer service desk.\n"
     "You need to record the following people in the order they arrived:\n"
@@ -113,7 +119,7 @@ COPY_PROMPT = (
 )
 
 
-@pytest.mark.parametrize("name", ["demo-llada", "demo-dream"])
+@pytest.mark.parametrize("name", ["demo-llada", "demo-dream", "demo-llada2"])
 def test_demo_model_answers_a_plain_prompt_with_no_flags(name, capsys):
     """`dlm-decode generate demo-llada "<prompt>"`: the checkpoint's chat and length defaults make it answer."""
     assert main(["generate", name, COPY_PROMPT]) == 0

@@ -9,7 +9,7 @@ open-ended (``--sampler low_confidence --gen-length 128 --block-length 32 --step
 the first ``--limit`` official samples of each of the twelve demo tasks are decoded that way twice, with no cache and
 with the exact ``prefix`` cache, and every row must give the same generated ids, with no more forwards; a difference
 stops the ship with the sample named (exit 1). The directory gets the export's config.json, model.safetensors and
-tokenizer files, a ``generation_config.json`` (gen length cap, block, steps, mask / EOS ids), ``scores.json`` (the
+tokenizer files, a ``generation_config.json`` (gen length cap, block, steps, chat, mask / EOS ids), ``scores.json`` (the
 runner's scores in the other demo models' layout: scores, strict, mean, n, seconds, decoding) and a ``README.md``
 card from the export's ``training.json`` and the scores.
 
@@ -114,6 +114,7 @@ def generation_config(model: Any, block: int) -> dict[str, Any]:
         "steps": OPEN_GEN,
         "sampler": "low_confidence",
         "temperature": 0.0,
+        "chat": True,  # trained on chat prompts only: a plain text prompt is wrapped as a user turn by default
         "mask_token_id": model.mask_token_id,
         "eos_token_id": model.eos_token_ids[0],
         "note": "open-ended: gen_length is a cap; decoding stops after the block holding the first EOS",
