@@ -68,18 +68,8 @@ DEFAULT_TASKS = "waiting_line/copy,waiting_line/reverse,waiting_line/shuffle,puz
 QUICK_SAMPLERS, QUICK_CACHES = "low_confidence,threshold,factor", "none,prefix,dual"
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument(
-        "--model",
-        default=None,
-        help="demo name or checkpoint directory (with a tokenizer); default demo-llada, or with --versus-reference a "
-        "random demo-size LLaDA",
-    )
-    p.add_argument("--data", default=None, help="ParallelBench data directory (task configs and names)")
-    p.add_argument("--tasks", default=DEFAULT_TASKS, help="tasks the prompts are drawn from (round robin)")
-    p.add_argument("--prompts", type=int, default=16, help="prompt-set size")
-    p.add_argument("--seed", type=int, default=4_000_037, help="prompt generation seed")
+def _add_versus_reference_args(p: argparse.ArgumentParser) -> None:
+    """``--versus-reference`` and the options that only it reads (``--vr-*``, ``--peak-gbps``)."""
     p.add_argument(
         "--versus-reference",
         action="store_true",
@@ -120,6 +110,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="with --versus-reference: our side's weight layout (load_model's layout; dlm_decode/models/layout.py); "
         "the reference always gets the checkpoint's row-major tensors",
     )
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument(
+        "--model",
+        default=None,
+        help="demo name or checkpoint directory (with a tokenizer); default demo-llada, or with --versus-reference a "
+        "random demo-size LLaDA",
+    )
+    p.add_argument("--data", default=None, help="ParallelBench data directory (task configs and names)")
+    p.add_argument("--tasks", default=DEFAULT_TASKS, help="tasks the prompts are drawn from (round robin)")
+    p.add_argument("--prompts", type=int, default=16, help="prompt-set size")
+    p.add_argument("--seed", type=int, default=4_000_037, help="prompt generation seed")
+    _add_versus_reference_args(p)
     p.add_argument("--gen-length", type=int, default=64)
     p.add_argument("--block-length", type=int, default=None, help="default: each sampler's own (32 or gen)")
     p.add_argument("--batch-size", type=int, default=8)
@@ -294,6 +299,56 @@ def summarize_pair(runs: list[dict[str, Any]], mem: int | None, samples, args) -
     }
 
 
+def _warm_pairs(
+    model: Any, tok: Any, chats: list, pairs: list, common: dict, s_opts: dict, c_opts: dict, args: argparse.Namespace
+) -> tuple[dict, dict, dict]:
+    """Warm up (and check) every (sampler, cache) pair -> each pair's row head as far as its settings go, the decoding
+    options of the pairs that apply, and their memory; a pair the request checks refuse is a skipped row."""
+    heads: dict[tuple[str, str], dict[str, Any]] = {}
+    kws: dict[tuple[str, str], dict[str, Any]] = {}
+    mems: dict[tuple[str, str], int | None] = {}
+    for s, c in pairs:
+        kw = common | {"sampler": s, "sampler_options": s_opts.get(s, {}), "cache": c, "cache_options": c_opts.get(c)}
+        fixed = get_sampler(s, s_opts.get(s)).traits.fixed_budget
+        kw["steps"] = args.gen_length if (s, c) == BASELINE or not fixed else args.gen_length // args.k
+        heads[(s, c)] = {"sampler": s, "cache": c, "steps": kw["steps"] if fixed else None}
+        print(f"bench: warm-up {s} / {c}", file=sys.stderr)
+        try:
+            mems[(s, c)] = warm_pair(model, tok, chats, kw, args)
+        except ValueError as e:
+            if (s, c) == BASELINE:
+                raise SystemExit(f"the baseline failed: {e}") from None
+            heads[(s, c)]["skipped"] = str(e).splitlines()[0]
+            continue
+        kws[(s, c)] = kw
+    return heads, kws, mems
+
+
+def _rows_against_baseline(
+    pairs: list, heads: dict, kws: dict, timed: dict, mems: dict, samples: list, args: argparse.Namespace
+) -> list[dict[str, Any]]:
+    """Each pair's row: its timed summary and its ratios to the baseline (the first pair) taken in the same run."""
+    results: list[dict[str, Any]] = []
+    base: dict[str, Any] = {}
+    base_ids: list[list[int]] = []
+    for p in pairs:
+        row = heads[p]
+        if p not in kws:
+            results.append(row)
+            continue
+        row |= summarize_pair(timed[p], mems[p], samples, args)
+        ids = row.pop("_ids")
+        if not base:
+            base, base_ids = row, ids
+        row["same_as_baseline"] = sum(a == b for a, b in zip(ids, base_ids, strict=True)) / len(ids)
+        row["score_delta"] = row["score"] - base["score"]
+        row["speedup"] = row["tokens_per_s"] / base["tokens_per_s"]
+        row["nfe_ratio"] = row["nfe"] / base["nfe"]
+        row["forwards_ratio"] = row["token_forwards_per_token"] / base["token_forwards_per_token"]
+        results.append(row)
+    return results
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.versus_reference:
@@ -317,45 +372,12 @@ def main(argv: list[str] | None = None) -> int:
     pairs = [BASELINE] + [(s, c) for s in samplers for c in caches if (s, c) != BASELINE]
     # every pair is warmed up (and checked) first; then each repeat runs every pair once, the order reversed on odd
     # repeats, so a pair's ratio to the baseline compares runs taken side by side, not minutes apart
-    heads: dict[tuple[str, str], dict[str, Any]] = {}  # each pair's row as far as its settings go
-    kws: dict[tuple[str, str], dict[str, Any]] = {}  # the pairs that apply: their decoding options
-    mems: dict[tuple[str, str], int | None] = {}
-    for s, c in pairs:
-        kw = common | {"sampler": s, "sampler_options": s_opts.get(s, {}), "cache": c, "cache_options": c_opts.get(c)}
-        fixed = get_sampler(s, s_opts.get(s)).traits.fixed_budget
-        kw["steps"] = args.gen_length if (s, c) == BASELINE or not fixed else args.gen_length // args.k
-        heads[(s, c)] = {"sampler": s, "cache": c, "steps": kw["steps"] if fixed else None}
-        print(f"bench: warm-up {s} / {c}", file=sys.stderr)
-        try:
-            mems[(s, c)] = warm_pair(model, tok, chats, kw, args)
-        except ValueError as e:
-            if (s, c) == BASELINE:
-                raise SystemExit(f"the baseline failed: {e}") from None
-            heads[(s, c)]["skipped"] = str(e).splitlines()[0]
-            continue
-        kws[(s, c)] = kw
+    heads, kws, mems = _warm_pairs(model, tok, chats, pairs, common, s_opts, c_opts, args)
     timed: dict[tuple[str, str], list[dict[str, Any]]] = {p: [] for p in kws}
     for r in tqdm(range(args.repeats), desc="timed passes", disable=None):
         for p in list(kws) if r % 2 == 0 else list(reversed(kws)):
             timed[p].append(decode_all(model, tok, chats, kws[p], args.batch_size))
-    results: list[dict[str, Any]] = []
-    base: dict[str, Any] = {}
-    base_ids: list[list[int]] = []
-    for p in pairs:
-        row = heads[p]
-        if p not in kws:
-            results.append(row)
-            continue
-        row |= summarize_pair(timed[p], mems[p], samples, args)
-        ids = row.pop("_ids")
-        if not base:
-            base, base_ids = row, ids
-        row["same_as_baseline"] = sum(a == b for a, b in zip(ids, base_ids, strict=True)) / len(ids)
-        row["score_delta"] = row["score"] - base["score"]
-        row["speedup"] = row["tokens_per_s"] / base["tokens_per_s"]
-        row["nfe_ratio"] = row["nfe"] / base["nfe"]
-        row["forwards_ratio"] = row["token_forwards_per_token"] / base["token_forwards_per_token"]
-        results.append(row)
+    results = _rows_against_baseline(pairs, heads, kws, timed, mems, samples, args)
     print(format_results(results))
     device = next(model.parameters()).device
     print(

@@ -300,19 +300,11 @@ def _graphs() -> int:
     return int(counters["stats"]["unique_graphs"])
 
 
-def main(args: argparse.Namespace) -> dict[str, Any]:
-    """Run the comparison, print the table; returns the JSON object (printed last by the caller)."""
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    configs = parse_configs(args.vr_configs)
-    rows = parse_rows(getattr(args, "vr_rows", None))
-    compile = getattr(args, "compile", None)
-    graphs = getattr(args, "vr_graphs", False)
-    if compile and args.warmup < 1:
-        raise SystemExit("--compile needs --warmup >= 1: compiling happens in the warm-up passes, untimed")
-    model, described = load(args)
-    cuda = next(model.parameters()).is_cuda
-    sides = [("reference", functools.partial(run_reference, model, reference_forward(model)))]
+def _sides(model: Any, compile: str | None, graphs: bool) -> tuple[list[tuple[str, Callable]], list[str]]:
+    """The timed sides (name, call) and the names of those that are ours with one option more (the variants)."""
+    sides: list[tuple[str, Callable]] = [
+        ("reference", functools.partial(run_reference, model, reference_forward(model)))
+    ]
     sides.append(("ours", functools.partial(run_ours, model)))
     variants = []  # sides that are ours with one option more: compared with ours and with the reference
     if compile:
@@ -321,13 +313,19 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
     if graphs:
         variants.append("graphed")
         sides.append(("graphed", functools.partial(run_ours, model, cuda_graphs=True)))
+    return sides, variants
+
+
+def _measure(args: argparse.Namespace, model: Any, sides: list[tuple[str, Callable]], cases: list) -> dict[str, dict]:
+    """Every pass over every case and side (the order rotates per pass; the warm-up passes untimed) -> per case:
+    ``times`` and ``cpu`` (timed seconds per side), ``first`` (first-pass seconds per side), ``seen`` ((ids, nfe) per
+    side)."""
+    cuda = next(model.parameters()).is_cuda
     names = [side for side, _ in sides]
-    cases = [(gen, batch, row) for gen, batch in configs for row in rows]
     times: dict[int, dict[str, list[float]]] = {i: {side: [] for side in names} for i in range(len(cases))}
     cpu_times: dict[int, dict[str, list[float]]] = {i: {side: [] for side in names} for i in range(len(cases))}
     first: dict[int, dict[str, float]] = {i: {} for i in range(len(cases))}
     seen: dict[int, dict[str, Any]] = {}
-    compile_start, graphs_start = (_compile_seconds(), _graphs()) if compile else (None, 0)
     for rep in range(args.warmup + args.repeats):
         print(f"versus reference: pass {rep + 1}/{args.warmup + args.repeats}", file=sys.stderr)
         for i, (gen, batch, row) in enumerate(cases):
@@ -339,28 +337,40 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
                 if rep >= args.warmup:
                     times[i][side].append(seconds)
                     cpu_times[i][side].append(cpu)
-    wbytes = weight_bytes_per_forward(model)
-    peak, peak_source = peak_gbps(args.device, getattr(args, "peak_gbps", None))
+    return {"times": times, "cpu": cpu_times, "first": first, "seen": seen}
+
+
+def _variant_fields(v: str, i: int, m: dict[str, dict], tps: dict[str, float], rl: tuple) -> dict[str, Any]:
+    """One variant side's fields of case ``i``'s result (``rl``: weight bytes and peak for its roofline share)."""
+    v_x, v_nfe = m["seen"][i][v]
+    our_x = m["seen"][i]["ours"][0]
+    cpu = m["cpu"][i]
+    return {
+        f"nfe_{v}": v_nfe,
+        f"tokens_per_s_{v}": tps[v],
+        f"seconds_{v}": m["times"][i][v],
+        f"{v}_identical_to_ours": bool(torch.equal(v_x, our_x)) and v_nfe == m["seen"][i]["ours"][1],
+        f"{v}_over_ours": tps[v] / tps["ours"],
+        f"{v}_over_reference": tps[v] / tps["reference"],
+        f"cpu_seconds_{v}": cpu[v],
+        # CPU time of the process: steadier than wall-clock on a machine other jobs load
+        f"{v}_over_ours_cpu": statistics.median(cpu["ours"]) / statistics.median(cpu[v]),
+    } | side_roofline(v, rl[0], rl[1], v_nfe, m["times"][i][v])
+
+
+def _results(
+    args: argparse.Namespace, cases: list, m: dict[str, dict], names: list[str], variants: list[str], rl: tuple
+) -> list[dict[str, Any]]:
+    """One result per case: both sides' NFE, tokens/s and seconds, token identity, the speed-up, roofline, variants."""
     results = []
     for i, (gen, batch, row) in enumerate(cases):
-        (ref_x, ref_nfe), (our_x, our_nfe) = seen[i]["reference"], seen[i]["ours"]
-        tps = {side: gen * batch / statistics.median(times[i][side]) for side in names}
+        (ref_x, ref_nfe), (our_x, our_nfe) = m["seen"][i]["reference"], m["seen"][i]["ours"]
+        tps = {side: gen * batch / statistics.median(m["times"][i][side]) for side in names}
         extra: dict[str, Any] = {}
         if variants:
-            extra = {"cpu_seconds_ours": cpu_times[i]["ours"], "first_pass_seconds": first[i]}
+            extra = {"cpu_seconds_ours": m["cpu"][i]["ours"], "first_pass_seconds": m["first"][i]}
         for v in variants:
-            v_x, v_nfe = seen[i][v]
-            extra |= {
-                f"nfe_{v}": v_nfe,
-                f"tokens_per_s_{v}": tps[v],
-                f"seconds_{v}": times[i][v],
-                f"{v}_identical_to_ours": bool(torch.equal(v_x, our_x)) and v_nfe == our_nfe,
-                f"{v}_over_ours": tps[v] / tps["ours"],
-                f"{v}_over_reference": tps[v] / tps["reference"],
-                f"cpu_seconds_{v}": cpu_times[i][v],
-                # CPU time of the process: steadier than wall-clock on a machine other jobs load
-                f"{v}_over_ours_cpu": statistics.median(cpu_times[i]["ours"]) / statistics.median(cpu_times[i][v]),
-            } | side_roofline(v, wbytes, peak, v_nfe, times[i][v])
+            extra |= _variant_fields(v, i, m, tps, rl)
         results.append(
             {
                 "gen_length": gen,
@@ -373,21 +383,26 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
                 "nfe_ours": our_nfe,
                 "tokens_per_s_reference": tps["reference"],
                 "tokens_per_s_ours": tps["ours"],
-                "seconds_reference": times[i]["reference"],
-                "seconds_ours": times[i]["ours"],
+                "seconds_reference": m["times"][i]["reference"],
+                "seconds_ours": m["times"][i]["ours"],
                 "identical": bool(torch.equal(ref_x, our_x)) and ref_nfe == our_nfe,
                 "speedup": tps["ours"] / tps["reference"],
             }
-            | roofline(wbytes, peak, ref_nfe, our_nfe, times[i])
+            | roofline(rl[0], rl[1], ref_nfe, our_nfe, m["times"][i])
             | extra
         )
-    dual_over_none = []
+    return results
+
+
+def _dual_over_none(configs: list[tuple[int, int]], results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per configuration, ``threshold+dual`` / ``threshold`` tokens/s on each side (where both rows ran)."""
+    out = []
     for gen, batch in configs:
         by = {r["row"]: r for r in results if (r["gen_length"], r["batch"]) == (gen, batch)}
         if "threshold+dual" not in by or "threshold" not in by:  # --vr-rows left one of them out
             continue
         dual, none = by["threshold+dual"], by["threshold"]
-        dual_over_none.append(
+        out.append(
             {
                 "gen_length": gen,
                 "batch": batch,
@@ -395,30 +410,58 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
                 "ours": dual["tokens_per_s_ours"] / none["tokens_per_s_ours"],
             }
         )
-    print(format_table(results, dual_over_none))
-    variant_meta: dict[str, Any] = {}  # what the variant sides add to the JSON
+    return out
+
+
+def _variant_meta(model: Any, compile: str | None, graphs: bool, results: list, start: tuple) -> dict[str, Any]:
+    """What the variant sides add to the JSON (and their tables, printed); ``start``: dynamo's compile seconds and
+    graph count before the passes."""
+    meta: dict[str, Any] = {}
     if compile:
         pieces = model.__dict__.get("_compiled_layers", {}).get(resolve_mode(compile))
         spent = _compile_seconds()
-        variant_meta = {
+        meta = {
             "compile": resolve_mode(compile),
             "compile_error": None if pieces is None else pieces.error,
-            "compile_seconds": None if spent is None else spent - compile_start,
-            "compiled_graphs": _graphs() - graphs_start,
+            "compile_seconds": None if spent is None else spent - start[0],
+            "compiled_graphs": _graphs() - start[1],
             "compiled_all_identical": all(r["compiled_identical_to_ours"] for r in results),
         }
-        print(format_compiled(results, variant_meta))
+        print(format_compiled(results, meta))
     if graphs:
-        variant_meta["graphed_all_identical"] = all(r["graphed_identical_to_ours"] for r in results)
+        meta["graphed_all_identical"] = all(r["graphed_identical_to_ours"] for r in results)
         print(format_graphed(results))
+    return meta
+
+
+def main(args: argparse.Namespace) -> dict[str, Any]:
+    """Run the comparison, print the table; returns the JSON object (printed last by the caller)."""
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    configs = parse_configs(args.vr_configs)
+    rows = parse_rows(getattr(args, "vr_rows", None))
+    compile = getattr(args, "compile", None)
+    graphs = getattr(args, "vr_graphs", False)
+    if compile and args.warmup < 1:
+        raise SystemExit("--compile needs --warmup >= 1: compiling happens in the warm-up passes, untimed")
+    model, described = load(args)
+    sides, variants = _sides(model, compile, graphs)
+    cases = [(gen, batch, row) for gen, batch in configs for row in rows]
+    start = (_compile_seconds(), _graphs()) if compile else (None, 0)
+    measured = _measure(args, model, sides, cases)
+    rl = (weight_bytes_per_forward(model), *peak_gbps(args.device, getattr(args, "peak_gbps", None)))
+    results = _results(args, cases, measured, [side for side, _ in sides], variants, rl[:2])
+    dual_over_none = _dual_over_none(configs, results)
+    print(format_table(results, dual_over_none))
+    variant_meta = _variant_meta(model, compile, graphs, results, start)
     return {
         "bench": "speed_versus_reference",
         "model": described,
         "device": str(next(model.parameters()).device),
         "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
-        "weight_bytes_per_forward": wbytes,
-        "peak_gbps": peak,
-        "peak_gbps_source": peak_source,
+        "weight_bytes_per_forward": rl[0],
+        "peak_gbps": rl[1],
+        "peak_gbps_source": rl[2],
         "torch_threads": torch.get_num_threads(),
         "weight_layout": layout_of(model),
         "prompt_length": PROMPT_LENGTH,
