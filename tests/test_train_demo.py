@@ -12,6 +12,7 @@ import dataclasses
 import hashlib
 import json
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -491,10 +492,14 @@ def test_resume_from_checkpoint_is_exact(tok, tmp_path, mini_pb):
     _train(config, mini_pb, tmp_path / "a")
     _train(config, mini_pb, tmp_path / "b", "--set", "run.stop_after=3")
     ckpts = tmp_path / "b" / "checkpoints"
-    assert (ckpts / "latest").read_text() == "step-0000002"  # step 3 was run but not saved: it runs again
+    # a run that stop_after ends keeps its last step: saved and exported off the periods (the shipped configs end so)
+    assert (ckpts / "latest").read_text() == "step-0000003"
+    assert json.loads((tmp_path / "b" / "export" / "training.json").read_text())["step"] == 3
     assert not list(ckpts.glob(".tmp*"))  # written to a temporary directory, then renamed into place
     assert json.loads((ckpts / "step-0000002" / "trainer_state.json").read_text())["step"] == 2
-    assert not (tmp_path / "b" / "export").exists()
+    # as a kill after step 3 and before its save leaves the run: step 3 was run but not saved, so it runs again
+    shutil.rmtree(ckpts / "step-0000003")
+    (ckpts / "latest").write_text("step-0000002")
     # the resumed half builds its rows in two worker processes: the same batches, so the same weights
     _train(config, mini_pb, tmp_path / "b", "--resume", "--set", "run.row_workers=2")
     a = load_file(tmp_path / "a" / "export" / "model.safetensors")

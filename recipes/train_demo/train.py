@@ -297,7 +297,8 @@ def export(run: Run, done: int, name: str = "export") -> None:
 
 def checkpoint(run: Run, done: int, stopping: bool) -> None:
     """Save and export on the run config's periods and at the end, keep stage-end exports (all periodic ones with
-    ``keep_exports``); a run ``stopping`` early (time limit) saves and exports whatever the periods say."""
+    ``keep_exports``); a run ``stopping`` early (``stop_after`` or the time limit) saves and exports whatever the
+    periods say."""
     r, total = run.cfg.run, run.cfg.total_steps
     exported = done == total or bool(r.export_every and done % r.export_every == 0)
     if done % r.save_every == 0 or done == total or stopping:
@@ -335,7 +336,7 @@ def train(run: Run, started: float) -> int:
         halt = cfg.run.stop_after is not None and done >= cfg.run.stop_after
         over = cfg.run.time_limit is not None and time.monotonic() - started > cfg.run.time_limit
         stopping = not halt and done < total and _all_agree(acc, over)
-        checkpoint(run, done, stopping)
+        checkpoint(run, done, stopping or halt)  # a run that ends early keeps its last step
         if stopping:
             acc.print(f"run.time_limit {cfg.run.time_limit:g} s reached after step {done}")
         if halt or stopping:
