@@ -138,7 +138,7 @@ class RunConfig:
     threads: int = 2
     row_workers: int = 0  # forked processes that build the next steps' rows (same rows with any number)
     time_limit: float | None = None  # seconds from start-up: checkpoint, export and stop at the first step past it
-    stop_after: int | None = None  # stop at this step (as if interrupted)
+    stop_after: int | None = None  # end the run after this step, saved and exported (as a time-limited run)
 
 
 @dataclass(frozen=True)
