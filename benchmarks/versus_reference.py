@@ -342,14 +342,13 @@ def _measure(args: argparse.Namespace, model: Any, sides: list[tuple[str, Callab
 
 def _variant_fields(v: str, i: int, m: dict[str, dict], tps: dict[str, float], rl: tuple) -> dict[str, Any]:
     """One variant side's fields of case ``i``'s result (``rl``: weight bytes and peak for its roofline share)."""
-    v_x, v_nfe = m["seen"][i][v]
-    our_x = m["seen"][i]["ours"][0]
+    (v_x, v_nfe), (our_x, our_nfe) = m["seen"][i][v], m["seen"][i]["ours"]
     cpu = m["cpu"][i]
     return {
         f"nfe_{v}": v_nfe,
         f"tokens_per_s_{v}": tps[v],
         f"seconds_{v}": m["times"][i][v],
-        f"{v}_identical_to_ours": bool(torch.equal(v_x, our_x)) and v_nfe == m["seen"][i]["ours"][1],
+        f"{v}_identical_to_ours": bool(torch.equal(v_x, our_x)) and v_nfe == our_nfe,
         f"{v}_over_ours": tps[v] / tps["ours"],
         f"{v}_over_reference": tps[v] / tps["reference"],
         f"cpu_seconds_{v}": cpu[v],
@@ -449,8 +448,9 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
     cases = [(gen, batch, row) for gen, batch in configs for row in rows]
     start = (_compile_seconds(), _graphs()) if compile else (None, 0)
     measured = _measure(args, model, sides, cases)
-    rl = (weight_bytes_per_forward(model), *peak_gbps(args.device, getattr(args, "peak_gbps", None)))
-    results = _results(args, cases, measured, [side for side, _ in sides], variants, rl[:2])
+    wbytes = weight_bytes_per_forward(model)
+    peak, peak_source = peak_gbps(args.device, getattr(args, "peak_gbps", None))
+    results = _results(args, cases, measured, [side for side, _ in sides], variants, (wbytes, peak))
     dual_over_none = _dual_over_none(configs, results)
     print(format_table(results, dual_over_none))
     variant_meta = _variant_meta(model, compile, graphs, results, start)
@@ -459,9 +459,9 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
         "model": described,
         "device": str(next(model.parameters()).device),
         "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
-        "weight_bytes_per_forward": rl[0],
-        "peak_gbps": rl[1],
-        "peak_gbps_source": rl[2],
+        "weight_bytes_per_forward": wbytes,
+        "peak_gbps": peak,
+        "peak_gbps_source": peak_source,
         "torch_threads": torch.get_num_threads(),
         "weight_layout": layout_of(model),
         "prompt_length": PROMPT_LENGTH,

@@ -1387,6 +1387,7 @@ def test_ship_checks_the_exact_cache_and_writes_a_demo_directory(tok, tmp_path, 
     bidirectional export or a file that is not the runner's JSON is refused with a one-line error before any work."""
     from recipes.train_demo import checkpoint as ck
     from recipes.train_demo import ship as sh
+    from recipes.train_demo.card import hand_sections
 
     torch.manual_seed(0)
     size = cf.ModelConfig(d_model=32, n_layers=2, n_heads=2, mlp_hidden=64, moe_hidden=16, **LLADA2)
@@ -1404,6 +1405,7 @@ def test_ship_checks_the_exact_cache_and_writes_a_demo_directory(tok, tmp_path, 
     card = (out / "README.md").read_text()
     assert "| waiting_line/copy | 50.0 | 25.0 | 1 | 95 (missed) |" in card and "llada2_moe" in card
     assert "On 12 official samples" in card  # one sample of each of the twelve tasks, decoded both ways
+    assert hand_sections(card) == {}  # card.GENERATED names every section the generator writes
     model, _ = dlm_decode.load_model(out, dtype=torch.float32)
     assert type(model).__name__ == "LLaDA2MoeModelLM"
     hand = "## How it got here\nThree stages.\n\n## Learn2PD filter\nA filter."
