@@ -92,6 +92,12 @@ def test_parallelbench_runner_and_cli_take_the_family(tmp_path, capsys):
     assert out["decoding"]["cache"] == "prefix"  # the default the run used, not the request's null
     assert main(argv + ["--limit", "1", "--preset", "llada2", "--cache", "none", "--json"]) == 0
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["decoding"]["cache"] == "none"
+    # one token per step with no cache named is not the oracle's uncached reference decode here: it runs the default
+    for cache, want in ((None, "prefix"), ("none", "none")):
+        extra = [] if cache is None else ["--cache", cache]
+        assert main(argv + ["--limit", "1", "--sampler", "low_confidence", *extra, "--json"]) == 0
+        (entry,) = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["tasks"]
+        assert entry["cache"]["name"] == want
 
 
 def test_oracle_bound_on_an_open_ended_decode(tmp_path):

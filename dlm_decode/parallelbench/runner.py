@@ -45,6 +45,7 @@ from tqdm.auto import tqdm
 from dlm_decode.core.inputs import ModelFacts, encode_prompts
 from dlm_decode.core.words import plural
 from dlm_decode.decode import check_request, generate, oracle_generate
+from dlm_decode.decode.request import default_cache
 from dlm_decode.parallelbench.generator import generate_task, load_names, sample_key
 from dlm_decode.parallelbench.metrics import MetricUnavailable, score_sample
 from dlm_decode.parallelbench.tasks import Task, answer_text, list_tasks, load_task, max_new_tokens, task_kind
@@ -253,10 +254,12 @@ def short_budget(task: Task, gen_length: int, tokenizer: Any) -> str | None:
     )
 
 
-def _is_reference(kw: dict[str, Any]) -> bool:
-    """Whether the run itself is the oracle's reference decode (then it is reused, not decoded twice)."""
+def _is_reference(kw: dict[str, Any], facts: ModelFacts | None) -> bool:
+    """Whether the run itself is the oracle's reference decode (then it is reused, not decoded twice). A run that
+    names no cache gets the model's default (the exact ``prefix`` on block-causal models), so it is the reference's
+    uncached decode only where that default is ``none``."""
     ref = reference_kwargs(kw)
-    have = kw | {"steps": kw.get("steps") or kw["gen_length"], "cache": kw.get("cache") or "none"}
+    have = kw | {"steps": kw.get("steps") or kw["gen_length"], "cache": kw.get("cache") or default_cache(facts)}
     have.setdefault("sampler", "low_confidence")
     have.setdefault("temperature", 0.0)
     same = all(have.get(k) == v for k, v in ref.items() if k not in ("sampler_options", "cache_options"))
@@ -296,6 +299,7 @@ def run_task(
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     as_oracle = kw.get("sampler") == "oracle" and "reference" not in (kw.get("sampler_options") or {})
     want_oracle = oracle or as_oracle
+    is_ref = _is_reference(kw, ModelFacts.of_model(model))
     chats = [task.messages(i) for i in range(len(task))]
     order = sorted(range(len(chats)), key=lambda i: sum(len(m["content"]) for m in chats[i]))
     texts: list[str] = [""] * len(chats)
@@ -318,12 +322,12 @@ def run_task(
             for j, i in enumerate(idx):
                 oracle_nfe[i] = orc.rows[j].nfe
                 ref_texts[i] = ref.rows[j].text or ""
-        elif _is_reference(kw):
+        elif is_ref:
             ref = generate(model, batch, tokenizer=tokenizer, chat=True, trace=True, **reference_kwargs(kw))
         if as_oracle:
             out = orc
             out.seconds += ref.seconds  # the bound needs both passes
-        elif ref is not None and _is_reference(kw):
+        elif ref is not None and is_ref:
             out = ref
         else:
             out = generate(model, batch, tokenizer=tokenizer, chat=True, trace=True, **kw)
