@@ -1162,6 +1162,7 @@ def test_demo_llada2_configs_load_as_the_shipped_runs_were_set(monkeypatch):
     init = [f"model.init={DEMO / 'demo-llada2'}"]
     second = cf.load_config(configs / "demo-llada2-stage2.yaml", init)
     third = cf.load_config(configs / "demo-llada2-stage3.yaml", init)
+    fourth = cf.load_config(configs / "demo-llada2-stage4.yaml", init)
     final = cf.load_config(configs / "demo-llada2.yaml", init)
     assert final.model.family == "llada2" and final.model.attention == "block_causal" and final.model.block_length == 32
     assert second.total_steps == 1675 and third.total_steps == 2400 and third.optim.decay_steps == 600
@@ -1169,9 +1170,15 @@ def test_demo_llada2_configs_load_as_the_shipped_runs_were_set(monkeypatch):
     (stage,) = third.stages
     assert stage.pad and stage.aux_pad and third.data.task_weights["shuffle"] == 3
     assert dataclasses.replace(third, stages=second.stages) == second  # the same stage, run longer
-    # the final stage: the third's, with three clean-context rows in four, half the peak rate and its own seed
-    assert final.stages == (dataclasses.replace(stage, clean_context=0.75),) and final.optim.lr == third.optim.lr / 2
-    assert final.data == third.data and final.total_steps == 2400 and final.run.seed == 4646
+    # the fourth stage: the third's, with three clean-context rows in four, half the peak rate and its own seed
+    assert fourth.stages == (dataclasses.replace(stage, clean_context=0.75),) and fourth.optim.lr == third.optim.lr / 2
+    assert fourth.data == third.data and fourth.total_steps == 2400 and fourth.run.seed == 4646
+    # the final stage: the fourth's, plus demo-llada's self rows (demo-llada.yaml's) at weight 8, and its own seed
+    (last,) = final.stages
+    assert last == dataclasses.replace(fourth.stages[0], tasks=(*fourth.stages[0].tasks, st.SELF))
+    assert final.data.self_rows == cf.load_config(configs / "demo-llada.yaml", init).data.self_rows
+    assert final.data.task_weights == {**fourth.data.task_weights, "self": 8.0}
+    assert final.optim == fourth.optim and final.total_steps == 2400 and final.run.seed == 4648
 
 
 def test_config_files_overrides_and_bad_configs_name_the_key(tmp_path):

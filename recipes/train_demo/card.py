@@ -54,6 +54,16 @@ def _score_table(scores: dict[str, Any]) -> list[str]:
     return rows
 
 
+# demo-llada2's stages before its final one (configs/demo-llada2.yaml), in the order they ran
+EARLIER_STAGES = tuple(f"demo-llada2-stage{i}.yaml" for i in range(1, 5))
+
+
+def _earlier_stages() -> str:
+    """The chain of stage configs that led to the final stage, as card links."""
+    links = [f"[`configs/{c}`](../../../recipes/train_demo/configs/{c})" for c in EARLIER_STAGES]
+    return f"; its stages before the final one below, in order: {', '.join(links)}"
+
+
 def model_card(name: str, model: Any, training: dict, scores: dict, nfe: dict, block: int, notes: str = "") -> str:
     """The card's markdown; ``notes`` (hand-written markdown sections) follow the generated ones."""
     cfg = training.get("config", {})
@@ -78,15 +88,7 @@ def model_card(name: str, model: Any, training: dict, scores: dict, nfe: dict, b
         "- start: demo-llada's weights upcycled (`recipes/train_demo/upcycle.py`: fused q/k/v, the dense MLP as the "
         "shared expert, routed experts cut from it with a zero output projection, so step 0 computes demo-llada on "
         "a bidirectional mask), then trained with the block-causal mask from the first step"
-        + (
-            " ([`configs/demo-llada2-stage1.yaml`](../../../recipes/train_demo/configs/demo-llada2-stage1.yaml)); "
-            "that first model was continued by a second stage "
-            "([`configs/demo-llada2-stage2.yaml`](../../../recipes/train_demo/configs/demo-llada2-stage2.yaml)), "
-            "a third ([`configs/demo-llada2-stage3.yaml`](../../../recipes/train_demo/configs/demo-llada2-stage3.yaml))"
-            " and the final stage below"
-            if cfg.get("model", {}).get("init")
-            else ""
-        ),
+        + (_earlier_stages() if cfg.get("model", {}).get("init") else ""),
         "- objective: LLaDA SFT on the response (answer + `<|eot_id|>` + EOS padding), block-causal attention of "
         f"block {block}; the EOS padding teaches it to stop, so it decodes open-ended",
         f"- run: {training.get('step')} steps, {training.get('train_seconds')} s of training; stages "
