@@ -21,6 +21,7 @@ import torch
 import dlm_decode
 from dlm_decode.parallelbench.generator import generate_task, list_to_str
 from dlm_decode.parallelbench.tasks import build_messages
+from recipes.train_demo import card as cd
 from recipes.train_demo import config as cf
 from recipes.train_demo import model as md
 from recipes.train_demo import objective as ob
@@ -1179,6 +1180,9 @@ def test_demo_llada2_configs_load_as_the_shipped_runs_were_set(monkeypatch):
     assert final.data.self_rows == cf.load_config(configs / "demo-llada.yaml", init).data.self_rows
     assert final.data.task_weights == {**fourth.data.task_weights, "self": 8.0}
     assert final.optim == fourth.optim and final.total_steps == 2400 and final.run.seed == 4648
+    # the card links every earlier stage's config, in the order they ran, and not the final one
+    stages = sorted(p.name for p in configs.glob("demo-llada2-stage*.yaml"))
+    assert cd.EARLIER_STAGES == tuple(stages) and len(stages) == 4
 
 
 def test_config_files_overrides_and_bad_configs_name_the_key(tmp_path):
