@@ -1375,11 +1375,10 @@ def test_ship_notes_replace_or_keep_the_cards_hand_sections(tmp_path):
     """--notes FILE puts that markdown after the generated card (an empty file drops the hand sections); a missing
     file is named; hand_sections finds exactly the sections the generator does not write, in order."""
     from recipes.train_demo import ship as sh
-    from recipes.train_demo.card import hand_sections
 
     card = "# m\n\n## Model\n- x\n\n## Parallel decoding (every sample)\n| a |\n\n## Exact cache\nsame\n\n## Zeta\nz\n"
-    assert list(hand_sections(card)) == ["Parallel decoding (every sample)", "Zeta"]
-    assert hand_sections(card)["Zeta"] == "## Zeta\nz"
+    assert list(cd.hand_sections(card)) == ["Parallel decoding (every sample)", "Zeta"]
+    assert cd.hand_sections(card)["Zeta"] == "## Zeta\nz"
     (tmp_path / "README.md").write_text(card)
     notes = tmp_path / "notes.md"
     notes.write_text("## New history\ntext\n")
@@ -1398,7 +1397,6 @@ def test_ship_checks_the_exact_cache_and_writes_a_demo_directory(tok, tmp_path, 
     bidirectional export or a file that is not the runner's JSON is refused with a one-line error before any work."""
     from recipes.train_demo import checkpoint as ck
     from recipes.train_demo import ship as sh
-    from recipes.train_demo.card import hand_sections
 
     torch.manual_seed(0)
     size = cf.ModelConfig(d_model=32, n_layers=2, n_heads=2, mlp_hidden=64, moe_hidden=16, **LLADA2)
@@ -1416,7 +1414,7 @@ def test_ship_checks_the_exact_cache_and_writes_a_demo_directory(tok, tmp_path, 
     card = (out / "README.md").read_text()
     assert "| waiting_line/copy | 50.0 | 25.0 | 1 | 95 (missed) |" in card and "llada2_moe" in card
     assert "On 12 official samples" in card  # one sample of each of the twelve tasks, decoded both ways
-    assert hand_sections(card) == {}  # card.GENERATED names every section the generator writes
+    assert cd.hand_sections(card) == {}  # card.GENERATED names every section the generator writes
     model, _ = dlm_decode.load_model(out, dtype=torch.float32)
     assert type(model).__name__ == "LLaDA2MoeModelLM"
     hand = "## How it got here\nThree stages.\n\n## Learn2PD filter\nA filter."
