@@ -1164,6 +1164,8 @@ def test_demo_llada2_configs_load_as_the_shipped_runs_were_set(monkeypatch):
     second = cf.load_config(configs / "demo-llada2-stage2.yaml", init)
     third = cf.load_config(configs / "demo-llada2-stage3.yaml", init)
     fourth = cf.load_config(configs / "demo-llada2-stage4.yaml", init)
+    fifth = cf.load_config(configs / "demo-llada2-stage5.yaml", init)
+    sixth = cf.load_config(configs / "demo-llada2-stage6.yaml", init)
     final = cf.load_config(configs / "demo-llada2.yaml", init)
     assert final.model.family == "llada2" and final.model.attention == "block_causal" and final.model.block_length == 32
     assert second.total_steps == 1675 and third.total_steps == 2400 and third.optim.decay_steps == 600
@@ -1174,15 +1176,24 @@ def test_demo_llada2_configs_load_as_the_shipped_runs_were_set(monkeypatch):
     # the fourth stage: the third's, with three clean-context rows in four, half the peak rate and its own seed
     assert fourth.stages == (dataclasses.replace(stage, clean_context=0.75),) and fourth.optim.lr == third.optim.lr / 2
     assert fourth.data == third.data and fourth.total_steps == 2400 and fourth.run.seed == 4646
-    # the final stage: the fourth's, plus demo-llada's self rows (demo-llada.yaml's) at weight 8, and its own seed
-    (last,) = final.stages
-    assert last == dataclasses.replace(fourth.stages[0], tasks=(*fourth.stages[0].tasks, st.SELF))
-    assert final.data.self_rows == cf.load_config(configs / "demo-llada.yaml", init).data.self_rows
-    assert final.data.task_weights == {**fourth.data.task_weights, "self": 8.0}
-    assert final.optim == fourth.optim and final.total_steps == 2400 and final.run.seed == 4648
+    # the fifth: the fourth's, plus demo-llada's self rows (demo-llada.yaml's) at weight 8, and its own seed
+    (with_self,) = fifth.stages
+    assert with_self == dataclasses.replace(fourth.stages[0], tasks=(*fourth.stages[0].tasks, st.SELF))
+    assert fifth.data.self_rows == cf.load_config(configs / "demo-llada.yaml", init).data.self_rows
+    assert fifth.data.task_weights == {**fourth.data.task_weights, "self": 8.0}
+    assert fifth.optim == fourth.optim and fifth.total_steps == 2400 and fifth.run.seed == 4648
+    # the sixth: the fifth's stage and rate, four new self-row files at weight 12, two index tasks up, its own seed
+    index_up = {"remove_index": 3.0, "replace_index": 3.5}
+    assert sixth.stages == fifth.stages and sixth.optim == fifth.optim and sixth.run.seed == 4652
+    assert sixth.data.task_weights == {**fifth.data.task_weights, **index_up, "self": 12.0}
+    assert len(sixth.data.self_rows) == 4 and not set(sixth.data.self_rows) & set(fifth.data.self_rows)
+    # the final: the sixth's rows with self 16 and reverse 3, half the peak rate, its own seed
+    assert final.stages == sixth.stages and final.data.self_rows == sixth.data.self_rows and final.run.seed == 4654
+    assert final.data.task_weights == {**sixth.data.task_weights, "reverse": 3.0, "self": 16.0}
+    assert final.optim == dataclasses.replace(sixth.optim, lr=sixth.optim.lr / 2) and final.total_steps == 2400
     # the card links every earlier stage's config, in the order they ran, and not the final one
     stages = sorted(p.name for p in configs.glob("demo-llada2-stage*.yaml"))
-    assert cd.EARLIER_STAGES == tuple(stages) and len(stages) == 4
+    assert cd.EARLIER_STAGES == tuple(stages) and len(stages) == 6
 
 
 def test_config_files_overrides_and_bad_configs_name_the_key(tmp_path):
@@ -1409,6 +1420,7 @@ def test_ship_checks_the_exact_cache_and_writes_a_demo_directory(tok, tmp_path, 
     gen = json.loads((out / "generation_config.json").read_text())
     assert gen["gen_length"] == 128 and gen["block_length"] == 8 and gen["eos_token_id"] == tok.eos_token_id
     assert gen["chat"] is True
+    assert set(gen) == {"gen_length", "block_length", "steps", "chat", "mask_token_id", "eos_token_id"}  # all read
     shipped = json.loads((out / "scores.json").read_text())
     assert shipped["scores"] == {"puzzle/sudoku_n4_12": 50.0, "waiting_line/copy": 50.0} and shipped["mean"] == 50.0
     card = (out / "README.md").read_text()

@@ -108,16 +108,15 @@ def shipped_scores(runner: dict[str, Any], model: str) -> dict[str, Any]:
 
 
 def generation_config(model: Any, block: int) -> dict[str, Any]:
+    """The lengths and ``chat`` that ``core.generation_config`` reads (the gen length is a cap: decoding stops after
+    the block holding the first EOS), and the mask / EOS ids for readers of the file (config.json is what sets them)."""
     return {
         "gen_length": OPEN_GEN,
         "block_length": block,
         "steps": OPEN_GEN,
-        "sampler": "low_confidence",
-        "temperature": 0.0,
         "chat": True,  # trained on chat prompts only: a plain text prompt is wrapped as a user turn by default
         "mask_token_id": model.mask_token_id,
         "eos_token_id": model.eos_token_ids[0],
-        "note": "open-ended: gen_length is a cap; decoding stops after the block holding the first EOS",
     }
 
 
