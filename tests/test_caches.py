@@ -1,7 +1,11 @@
 """Cache policies: every cache with every sampler, exactness against full recomputation, K/V after a refresh, padded
-batches, token identity of ``prefix`` / ``dual`` with Fast-dLLM (``reference_cached_generate``), savings, errors."""
+batches, token identity of ``prefix`` / ``dual`` with Fast-dLLM (``reference_cached_generate``), savings, errors, and
+``benchmarks/prompt_blind.py``'s mask (why the approximate caches lose: the prompt attends to the answer)."""
 
 from __future__ import annotations
+
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -10,8 +14,12 @@ from reference_cached_generate import dual_cache_generate, llada_cached_forward,
 
 import dlm_decode
 import dlm_decode.decode.loop as loop
+import dlm_decode.models.common as common
 from dlm_decode.cache import CACHES, KVStore, get_cache
 from dlm_decode.samplers import SAMPLERS, get_sampler
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from prompt_blind import blind_attention  # noqa: E402
 
 PROMPTS = [[5, 9, 17, 3, 40, 22], [7, 2, 33], [11, 30, 30, 8, 19]]
 EQUAL = torch.tensor([[5, 9, 17, 3, 40, 22], [7, 7, 2, 33, 12, 4], [11, 30, 30, 8, 19, 60]])
@@ -394,3 +402,20 @@ def test_window_view_of_keys_under_classifier_free_guidance(llada):
     kw["cache_options"] |= {"keys": "mask"}
     masked = _run(llada, "low_confidence", "window", **kw)
     assert torch.equal(viewed.sequences, masked.sequences) and viewed.nfe == masked.nfe
+
+
+@torch.no_grad()
+def test_blind_prompt_ignores_the_answer(llada, monkeypatch):
+    p, t = 6, 10
+    a = torch.tensor([[5, 9, 17, 3, 40, 22, 7, 8, 11, 12]])
+    b = a.clone()
+    b[0, p:] = torch.tensor([30, 31, 32, 33])  # other answer tokens
+    c = a.clone()
+    c[0, 0] = 41  # another prompt token
+    free = [llada(x).logits for x in (a, b, c)]
+    assert (free[0][:, :p] - free[1][:, :p]).abs().max() > 1e-4  # bidirectional: the prompt sees the answer
+    monkeypatch.setattr(common, "masked_attention", blind_attention(common.masked_attention, lambda: p))
+    blind = [llada(x).logits for x in (a, b, c)]
+    assert torch.equal(blind[0][:, :p], blind[1][:, :p])
+    assert (blind[0][:, p:] - blind[2][:, p:]).abs().max() > 1e-4  # the answer still sees the prompt
+    assert (blind[0][:, :p] - free[0][:, :p]).abs().max() > 1e-4 and blind[0].shape == (1, t, free[0].shape[-1])
