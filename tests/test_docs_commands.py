@@ -121,7 +121,7 @@ NOT_RUN = {
     "builds .venv and runs `dlm-decode demo`, run here as `dlm-decode demo --quick` (README, Commands)",
     ("docs/benchmarks.md", "gpu_checks.sh"): "GPU-only: needs a CUDA machine (`pytest -m gpu` and gpu_checks.sh there)",
     ("docs/block_diffusion.md", "gpu_checks.sh"): "GPU-only: needs a CUDA machine (its CPU pieces: "
-    "tests/test_bench_block_diffusion.py)",
+    "tests/test_benchmark_scripts.py)",
     ("docs/eval.md", "accelerate launch"): "two-process data-parallel launches: tests/test_eval_plugin.py runs the "
     "two-process evaluation (slow)",
 }

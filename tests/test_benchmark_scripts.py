@@ -1,0 +1,156 @@
+"""Benchmark scripts checked on the CPU.
+
+- ``benchmarks/bench_block_diffusion.py``'s GPU pieces (issue 48): the random model built in place at LLaDA2.0-mini's
+  widths, and the roofline's bytes a forward, counted from the experts the forwards reach, on a model whose routing is
+  forced so the count is known.
+- ``benchmarks/profile_decode.py``: the profile of a decode on a random tiny LLaDA, its summary and its errors."""
+
+from __future__ import annotations
+
+import json
+import sys
+from argparse import Namespace
+from pathlib import Path
+
+import pytest
+import torch
+from llada2_reference import EOS, MASK, write_llada2
+
+import dlm_decode
+from dlm_decode.models.loading import load_model
+from dlm_decode.models.moe import Router, SparseMoE
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import bench_block_diffusion as bench  # noqa: E402
+
+from tests.conftest import load_script  # noqa: E402
+
+pytestmark = [pytest.mark.usefixtures("one_thread")]
+
+
+def _args(**over) -> Namespace:
+    base = dict(threshold=0.95, gen=32, block=16, steps=16, prompt=16, device="cpu", dtype="float32", peak_gbps=None)
+    return Namespace(**(base | over))
+
+
+@torch.no_grad()
+def test_forward_bytes_counts_the_experts_reached(tmp_path):
+    """Selection bias on experts 0-2 (two of the four groups, top 3 of the 4 experts they allow): every token of
+    every forward reaches exactly those three in each of the two routed layers."""
+    model, _ = load_model(write_llada2(tmp_path / "m", seed=1))
+    for r in model.modules():
+        if isinstance(r, Router):
+            r.expert_bias[:3] = 100.0
+    moes = [m for m in model.modules() if isinstance(m, SparseMoE)]
+    assert len(moes) == 2 and len(moes[0].experts) == 8
+    emb = model.get_input_embeddings().weight
+    routed = {id(p) for m in moes for p in m.experts.parameters()}
+    fixed = sum(p.numel() * 4 for p in model.parameters() if p is not emb and id(p) not in routed)
+    expert = sum(p.numel() * 4 for p in moes[0].experts[0].parameters())
+    n_layers, heads, hd = model.kv_shape()
+    prompts = [list(range(5, 21))]
+    args = _args()
+    kv = 2 * n_layers * heads * 48 * hd * 4  # the store's 48 slots (prompt 16 + gen 32), K and V, batch 1
+    assert bench.forward_bytes(model, "ours", prompts, args, (MASK, EOS)) == fixed + kv + 2 * 3 * expert
+    assert bench.forward_bytes(model, "reference", prompts, args, (MASK, EOS)) == fixed + 2 * 3 * expert
+    for r in model.modules():
+        if isinstance(r, Router):
+            r.expert_bias.zero_()  # free routing reaches more of them
+    assert bench.forward_bytes(model, "reference", prompts, args, (MASK, EOS)) > fixed + 2 * 3 * expert
+
+
+def test_mini_model_has_the_published_widths():
+    """Two layers of LLaDA2.0-mini with 16 experts, built in place (no checkpoint), MASK's lm_head row zeroed; on a CPU
+    in float32 the looped expert path is the one measured."""
+    args = _args(layers=2, experts=16, block=32)
+    model = bench.mini_model(args)
+    c = model.config
+    assert (c.hidden_size, c.vocab_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim) == (
+        2048, 157184, 16, 4, 128,
+    )  # fmt: skip
+    assert (c.num_experts, c.num_experts_per_tok, c.n_group, c.topk_group, c.moe_intermediate_size) == (
+        16,
+        8,
+        8,
+        4,
+        512,
+    )
+    moe = model.model.layers[1].mlp
+    assert (
+        isinstance(moe, SparseMoE)
+        and moe.shared_experts is not None
+        and not isinstance(model.model.layers[0].mlp, SparseMoE)
+    )
+    assert model.lm_head.weight[model.mask_token_id].abs().sum() == 0 and model.lm_head.weight.std() > 0.01
+    assert args.expert_path == "looped"
+    with torch.no_grad():
+        logits = model(torch.arange(8)[None], block_length=32).logits
+    assert logits.shape == (1, 8, 157184) and torch.isfinite(logits).all()
+
+
+def test_profile_counts_the_decodes_forwards_and_prints_json_last(capsys):
+    prof = load_script("benchmarks/profile_decode.py")
+    models = load_script("benchmarks/random_models.py")
+    out = prof.main(["--shape", "tiny", "--gen", "64", "--cache", "none,dual", "--rows", "4", "--repeats", "2"])
+    printed = capsys.readouterr().out.strip().splitlines()
+    assert json.loads(printed[-1]) == json.loads(json.dumps(out))
+    # the same decode run outside the profiler: the NFE the profile reports is the decode's own
+    model = models.random_llada("cpu", "tiny")
+    prompt = models.random_ids(model, 1, prof.PROMPT, torch.Generator().manual_seed(0))
+    for row in out["caches"]:
+        ref = dlm_decode.generate(
+            model,
+            prompt,
+            sampler="threshold",
+            cache=row["cache"],
+            gen_length=64,
+            block_length=prof.BLOCK,
+            temperature=0.0,
+        )
+        assert row["nfe"] == ref.nfe >= 2  # at least one forward per block
+        assert 0 < row["busy_s"] and 0 < row["busy_share"] <= 1.5 and row["wall_s"] > 0
+    assert [r["cache"] for r in out["caches"]] == ["none", "dual"]
+    assert out["bare_forward_ms_128"] > 0 and out["bare_forward_ms_32"] > 0
+    assert any(line.lstrip().startswith("aten::mm") for line in printed)  # the operator table was printed
+
+
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["--cache", "none,bogus"], ["--cache", "bogus", "dual"]),
+        (["--cache", ","], ["--cache"]),
+        (["--sampler", "nope"], ["--sampler", "nope", "threshold"]),
+    ],
+)
+def test_profile_refuses_unknown_names_before_building_a_model(argv, words, monkeypatch):
+    prof = load_script("benchmarks/profile_decode.py")
+    monkeypatch.setattr(prof, "random_llada", lambda *a, **k: pytest.fail("built a model before checking arguments"))
+    with pytest.raises(SystemExit) as e:
+        prof.main(argv)
+    assert all(w in str(e.value) for w in words)
+
+
+def test_op_sites_count_the_forwards_matmuls_exactly(capsys):
+    # every forward of the tiny LLaDA (2 layers) dispatches one matmul per projection (q, k, v, out, and the MLP's
+    # three) in each layer plus the LM head: 7 * 2 + 1 = 15, whatever the cache; nothing else in a threshold decode
+    # multiplies matrices
+    prof = load_script("benchmarks/profile_decode.py")
+    out = prof.main(
+        ["--shape", "tiny", "--gen", "64", "--cache", "none,dual", "--rows", "2", "--repeats", "1"]
+        + ["--op-sites", "5"]
+    )
+    printed = capsys.readouterr().out
+    for row in out["caches"]:
+        assert row["ops_nfe"] == row["nfe"]
+        assert row["ops"]["aten.mm.default"] == 15 * row["nfe"]
+        assert row["ops_per_forward"] == pytest.approx(sum(row["ops"].values()) / row["nfe"])
+        assert len(row["op_sites"]) == 5 and all(n > 0 for n in row["op_sites"].values())
+        assert any(site.startswith("models/") for site in row["op_sites"])  # the layers dispatch most
+    assert printed.count("per forward  dispatched from (dlm_decode/...)") == 2
+
+
+def test_op_sites_must_not_be_negative(monkeypatch):
+    prof = load_script("benchmarks/profile_decode.py")
+    monkeypatch.setattr(prof, "random_llada", lambda *a, **k: pytest.fail("built a model before checking arguments"))
+    with pytest.raises(SystemExit, match="--op-sites must be >= 0"):
+        prof.main(["--op-sites", "-1"])
