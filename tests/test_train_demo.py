@@ -1166,6 +1166,8 @@ def test_demo_llada2_configs_load_as_the_shipped_runs_were_set(monkeypatch):
     fourth = cf.load_config(configs / "demo-llada2-stage4.yaml", init)
     fifth = cf.load_config(configs / "demo-llada2-stage5.yaml", init)
     sixth = cf.load_config(configs / "demo-llada2-stage6.yaml", init)
+    seventh = cf.load_config(configs / "demo-llada2-stage7.yaml", init)
+    eighth = cf.load_config(configs / "demo-llada2-stage8.yaml", init)
     final = cf.load_config(configs / "demo-llada2.yaml", init)
     assert final.model.family == "llada2" and final.model.attention == "block_causal" and final.model.block_length == 32
     assert second.total_steps == 1675 and third.total_steps == 2400 and third.optim.decay_steps == 600
@@ -1187,13 +1189,21 @@ def test_demo_llada2_configs_load_as_the_shipped_runs_were_set(monkeypatch):
     assert sixth.stages == fifth.stages and sixth.optim == fifth.optim and sixth.run.seed == 4652
     assert sixth.data.task_weights == {**fifth.data.task_weights, **index_up, "self": 12.0}
     assert len(sixth.data.self_rows) == 4 and not set(sixth.data.self_rows) & set(fifth.data.self_rows)
-    # the final: the sixth's rows with self 16 and reverse 3, half the peak rate, its own seed
-    assert final.stages == sixth.stages and final.data.self_rows == sixth.data.self_rows and final.run.seed == 4654
-    assert final.data.task_weights == {**sixth.data.task_weights, "reverse": 3.0, "self": 16.0}
-    assert final.optim == dataclasses.replace(sixth.optim, lr=sixth.optim.lr / 2) and final.total_steps == 2400
+    # the seventh: the sixth's rows with self 16 and reverse 3, half the peak rate, its own seed
+    assert seventh.stages == sixth.stages and seventh.data.self_rows == sixth.data.self_rows
+    assert seventh.data.task_weights == {**sixth.data.task_weights, "reverse": 3.0, "self": 16.0}
+    assert seventh.optim == dataclasses.replace(sixth.optim, lr=sixth.optim.lr / 2) and seventh.run.seed == 4654
+    # the eighth and the final: each the previous stage with two more self-row files, self 20 then 28, own seeds
+    for before, after, weight, seed in ((seventh, eighth, 20.0, 4655), (eighth, final, 28.0, 4658)):
+        assert after.stages == before.stages and after.optim == before.optim and after.run.seed == seed
+        assert after.data.task_weights == {**before.data.task_weights, "self": weight} and after.total_steps == 2400
+        assert (
+            after.data.self_rows[:-2] == before.data.self_rows
+            and len(set(after.data.self_rows)) == len(before.data.self_rows) + 2
+        )
     # the card links every earlier stage's config, in the order they ran, and not the final one
     stages = sorted(p.name for p in configs.glob("demo-llada2-stage*.yaml"))
-    assert cd.EARLIER_STAGES == tuple(stages) and len(stages) == 6
+    assert cd.EARLIER_STAGES == tuple(stages) and len(stages) == 8
 
 
 def test_config_files_overrides_and_bad_configs_name_the_key(tmp_path):
