@@ -1173,6 +1173,7 @@ def test_demo_llada2_configs_load_as_the_shipped_runs_were_set(monkeypatch):
     sixth = cf.load_config(configs / "demo-llada2-stage6.yaml", init)
     seventh = cf.load_config(configs / "demo-llada2-stage7.yaml", init)
     eighth = cf.load_config(configs / "demo-llada2-stage8.yaml", init)
+    ninth = cf.load_config(configs / "demo-llada2-stage9.yaml", init)
     final = cf.load_config(configs / "demo-llada2.yaml", init)
     assert final.model.family == "llada2" and final.model.attention == "block_causal" and final.model.block_length == 32
     assert second.total_steps == 1675 and third.total_steps == 2400 and third.optim.decay_steps == 600
@@ -1198,17 +1199,23 @@ def test_demo_llada2_configs_load_as_the_shipped_runs_were_set(monkeypatch):
     assert seventh.stages == sixth.stages and seventh.data.self_rows == sixth.data.self_rows
     assert seventh.data.task_weights == {**sixth.data.task_weights, "reverse": 3.0, "self": 16.0}
     assert seventh.optim == dataclasses.replace(sixth.optim, lr=sixth.optim.lr / 2) and seventh.run.seed == 4654
-    # the eighth and the final: each the previous stage with two more self-row files, self 20 then 28, own seeds
-    for before, after, weight, seed in ((seventh, eighth, 20.0, 4655), (eighth, final, 28.0, 4658)):
+    # the eighth, ninth and final: each the previous stage with two more self-row files and its own seed; self 20,
+    # then 28, then the same 28 with three deterministic tasks up
+    det_up = {"sort": 10.0, "insert_index": 4.0, "replace_index": 4.5}
+    for before, after, up, seed in (
+        (seventh, eighth, {"self": 20.0}, 4655),
+        (eighth, ninth, {"self": 28.0}, 4658),
+        (ninth, final, det_up, 4660),
+    ):
         assert after.stages == before.stages and after.optim == before.optim and after.run.seed == seed
-        assert after.data.task_weights == {**before.data.task_weights, "self": weight} and after.total_steps == 2400
+        assert after.data.task_weights == {**before.data.task_weights, **up} and after.total_steps == 2400
         assert (
             after.data.self_rows[:-2] == before.data.self_rows
             and len(set(after.data.self_rows)) == len(before.data.self_rows) + 2
         )
     # the card links every earlier stage's config, in the order they ran, and not the final one
     stages = sorted(p.name for p in configs.glob("demo-llada2-stage*.yaml"))
-    assert cd.EARLIER_STAGES == tuple(stages) and len(stages) == 8
+    assert cd.EARLIER_STAGES == tuple(stages) and len(stages) == 9
 
 
 def test_config_files_overrides_and_bad_configs_name_the_key(tmp_path):
