@@ -872,6 +872,37 @@ def test_gap_rows_put_own_template_words_between_list_and_answer(mini_pb, tok):
         _stage(kind="short", gap=-1)
 
 
+def test_uniform_lengths_draws_every_list_length_where_the_buckets_give_the_shortest(mini_pb, tok):
+    """The official length buckets fill first bucket first: a task drawn once in a step only ever gets its shortest
+    list. ``uniform_lengths`` draws each row's length over the whole range (mini_pb's lists: 3 or 4 people)."""
+    stream = st.RowStream(mini_pb, tok, seed=0)
+    people = [
+        len(json.loads(stream.samples("waiting_line/reverse", 1, seed)[0]["input"]["context"])) for seed in range(40)
+    ]
+    assert set(people) == {3}
+    drawn = [
+        len(json.loads(stream.samples("waiting_line/reverse", 1, seed, uniform=True)[0]["input"]["context"]))
+        for seed in range(40)
+    ]
+    assert set(drawn) == {3, 4} and 10 <= drawn.count(4) <= 30
+    eot = tok.convert_tokens_to_ids("<|eot_id|>")
+    tasks = ("waiting_line/copy", "waiting_line/reverse", "waiting_line/sort")
+    mix = st.Mix(batch=3, short_share=1.0, tasks=tasks, bare=True, pad=True)
+
+    def lone(m: st.Mix) -> list[int]:  # the list lengths of the rows that were their task's one row in a step
+        out = []
+        for step in range(40):
+            rows = stream.rows(step, m)
+            labels = [label for _, _, label in rows]
+            out += [len(json.loads(tok.decode(r[: r.index(eot)]))) for _, r, lb in rows if labels.count(lb) == 1]
+        return out
+
+    bucketed, uniform = lone(mix), lone(dataclasses.replace(mix, uniform_lengths=True))
+    assert len(bucketed) > 20 and set(bucketed) == {3}
+    assert 0.25 < uniform.count(4) / len(uniform) < 0.75
+    assert cf.DataConfig().uniform_lengths is False  # the shipped stages' data stays as it was
+
+
 def test_len_stage_option_sets_the_people_per_list(mini_pb, tok):
     stream = st.RowStream(mini_pb, tok, seed=0)
     tasks = ("waiting_line/sort", "waiting_line/copy")

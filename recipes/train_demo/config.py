@@ -83,6 +83,10 @@ class DataConfig:
     task_weights: dict[str, float] = field(default_factory=dict)  # task (op name or full name) -> weight, default 1
     self_rows: tuple[str, ...] = ()  # certainty_forcing/trajectories.py train.jsonl files, for stages naming self
     t_sampling: str = "uniform"  # uniform | stratified mask ratios per batch
+    # True: every waiting-line row draws its list length uniformly from its range. False (the data of the shipped
+    # stages up to demo-llada2's tenth): the generator's official length buckets fill over the few rows a task gets
+    # in a step, first bucket first, so a task with one row a step only ever sees its shortest lists
+    uniform_lengths: bool = False
 
 
 @dataclass(frozen=True)

@@ -147,6 +147,7 @@ class Mix:
     icl: float = 0.0  # share of short rows that first show the sample's in-context example, answered (two lists)
     gap: int = 0  # short rows end in 0..gap filler words after their list (retrieval from farther away)
     lengths: tuple[int, int] | None = None  # (lo, hi) people per waiting-line list, None: the task's own range
+    uniform_lengths: bool = False  # list lengths drawn uniformly per row, not in the generator's buckets (config.py)
     # training-only tasks (AUX_TASKS) also fill a full stage's official slots, as the copy chat with their question
     # appended; False: they come as short rows only, and the official slots draw from the other tasks
     aux_chat: bool = True
@@ -186,12 +187,17 @@ class RowStream:
     def encode(self, messages: list[dict], target: str, gen_length: int, lead: str = "") -> tuple[list[int], list[int]]:
         return encode_row(self.tok, messages, target, gen_length, lead)
 
-    def samples(self, task: str, n: int, seed: int, lengths: tuple[int, int] | None = None) -> list[dict]:
+    def samples(
+        self, task: str, n: int, seed: int, lengths: tuple[int, int] | None = None, uniform: bool = False
+    ) -> list[dict]:
         """``n`` generated samples of ``task``; ``lengths`` (lo, hi) overrides a waiting-line task's list lengths (its
-        in-context examples' too)."""
+        in-context examples' too). ``uniform``: each list's length is drawn uniformly; otherwise the official config's
+        ``samples_per_length`` buckets fill in order, so n=1 always gives the shortest list, n=2 the two shortest."""
         config = self.configs[task]
         if lengths is not None:
             config = {**config, "min_length": lengths[0], "max_length": lengths[1]}
+        if uniform and task.startswith("waiting_line/"):
+            config = {**config, "samples_per_length": 0}
         return generate_task(task, config, self.names, n=n, seed=seed, exclude=self.exclude[task])
 
     def rows(self, step: int, mix: Mix) -> list[tuple[list[int], list[int], str]]:
@@ -232,14 +238,14 @@ class RowStream:
                 continue
             if task in _AUX:
                 gen_length = max_new_tokens(LOOKUP_SOURCE)
-                for s in self.samples(LOOKUP_SOURCE, n, rng.randrange(2**62), mix.lengths):
+                for s in self.samples(LOOKUP_SOURCE, n, rng.randrange(2**62), mix.lengths, mix.uniform_lengths):
                     gap = self.filler(LOOKUP_SOURCE, gap_rng, mix.gap) if kind == "short" else ""
                     row = self.lookup_row(s, gen_length, mix, kind == "full", answer_rng, gap, task)
                     out.append((*row, f"{kind}/{task}"))
                 continue
             source = VARIANTS[task][0] if task in VARIANTS else task  # a variant is built as its task's rows
             gen_length = max_new_tokens(source)
-            for s in self.samples(source, n, rng.randrange(2**62), mix.lengths):
+            for s in self.samples(source, n, rng.randrange(2**62), mix.lengths, mix.uniform_lengths):
                 if task in VARIANTS:
                     s = self.variant_sample(task, s, answer_rng)
                 row = self.task_row(

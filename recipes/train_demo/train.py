@@ -213,6 +213,7 @@ def mix_for(cfg: TrainConfig, stage: Stage) -> Mix:
         "icl": stage.icl if stage.icl is not None else d.short_icl,
         "gap": stage.gap or 0,
         "lengths": stage.lengths,
+        "uniform_lengths": d.uniform_lengths,
         "aux_pad": stage.aux_pad,
         "canvas": stage.canvas,
     }
