@@ -14,7 +14,7 @@ block. The loss is read at the noisy copy's masked continuation slots.
 Blocks lie on the absolute grid of positions (``block_length``, LLaDA2's 32 by default), as in decoding: the
 context's last partial block is noisy-copied too, its context slots never masked. Classifier-free guidance masks the
 context in both copies for the unconditional row. No reference harness scores LLaDA2 by likelihood; the estimator is
-ours, checked in ``tests/test_block_likelihood.py`` against a brute-force evaluation of every masked subset.
+ours, checked in ``tests/test_eval_plugin.py`` against a brute-force evaluation of every masked subset.
 """
 
 from __future__ import annotations
