@@ -1205,6 +1205,7 @@ def test_demo_llada2_configs_load_as_the_shipped_runs_were_set(monkeypatch):
     seventh = cf.load_config(configs / "demo-llada2-stage7.yaml", init)
     eighth = cf.load_config(configs / "demo-llada2-stage8.yaml", init)
     ninth = cf.load_config(configs / "demo-llada2-stage9.yaml", init)
+    tenth = cf.load_config(configs / "demo-llada2-stage10.yaml", init)
     final = cf.load_config(configs / "demo-llada2.yaml", init)
     assert final.model.family == "llada2" and final.model.attention == "block_causal" and final.model.block_length == 32
     assert second.total_steps == 1675 and third.total_steps == 2400 and third.optim.decay_steps == 600
@@ -1230,13 +1231,13 @@ def test_demo_llada2_configs_load_as_the_shipped_runs_were_set(monkeypatch):
     assert seventh.stages == sixth.stages and seventh.data.self_rows == sixth.data.self_rows
     assert seventh.data.task_weights == {**sixth.data.task_weights, "reverse": 3.0, "self": 16.0}
     assert seventh.optim == dataclasses.replace(sixth.optim, lr=sixth.optim.lr / 2) and seventh.run.seed == 4654
-    # the eighth, ninth and final: each the previous stage with two more self-row files and its own seed; self 20,
+    # the eighth, ninth and tenth: each the previous stage with two more self-row files and its own seed; self 20,
     # then 28, then the same 28 with three deterministic tasks up
     det_up = {"sort": 10.0, "insert_index": 4.0, "replace_index": 4.5}
     for before, after, up, seed in (
         (seventh, eighth, {"self": 20.0}, 4655),
         (eighth, ninth, {"self": 28.0}, 4658),
-        (ninth, final, det_up, 4660),
+        (ninth, tenth, det_up, 4660),
     ):
         assert after.stages == before.stages and after.optim == before.optim and after.run.seed == seed
         assert after.data.task_weights == {**before.data.task_weights, **up} and after.total_steps == 2400
@@ -1244,9 +1245,12 @@ def test_demo_llada2_configs_load_as_the_shipped_runs_were_set(monkeypatch):
             after.data.self_rows[:-2] == before.data.self_rows
             and len(set(after.data.self_rows)) == len(before.data.self_rows) + 2
         )
+    # the final: the tenth with list lengths drawn uniformly (the one change) and its own seed
+    assert final.stages == tenth.stages and final.optim == tenth.optim and final.run.seed == 4663
+    assert final.data == dataclasses.replace(tenth.data, uniform_lengths=True) and not tenth.data.uniform_lengths
     # the card links every earlier stage's config, in the order they ran, and not the final one
-    stages = sorted(p.name for p in configs.glob("demo-llada2-stage*.yaml"))
-    assert cd.EARLIER_STAGES == tuple(stages) and len(stages) == 9
+    stages = sorted((p.name for p in configs.glob("demo-llada2-stage*.yaml")), key=lambda n: int(n[17:-5]))
+    assert cd.EARLIER_STAGES == tuple(stages) and len(stages) == 10
 
 
 def test_config_files_overrides_and_bad_configs_name_the_key(tmp_path):
