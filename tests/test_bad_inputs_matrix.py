@@ -216,9 +216,20 @@ CLI_CASES = [
     ("84", ["parallelbench", "--limit", "-3"], "--limit must be >= 1"),
     pytest.param("87", ["parallelbench", "--device", "cuda"], "CUDA is not available", marks=no_cuda),
     ("91", ["parallelbench", "--sampler", "nope", "--limit", "1"], "unknown sampler 'nope'"),
-    ("97", ["parallelbench", "--sweep", "quick", "--limit", "1"], "--sweep needs --out FILE.jsonl"),
-    ("98", ["parallelbench", "--sweep", "quick", "--out", "/sys/dlm_decode_test/pb.jsonl"], "cannot be written"),
-    ("99", ["parallelbench", "--sweep", "quick", "--out", "{afile}/pb.jsonl"], "is a file, not a directory"),
+    # the default data directory (the official files) must exist, or its error comes before the --out checks
+    pytest.param("97", ["parallelbench", "--sweep", "quick", "--limit", "1"], "--sweep needs --out", marks=needs_data),
+    pytest.param(
+        "98",
+        ["parallelbench", "--sweep", "quick", "--out", "/sys/dlm_decode_test/pb.jsonl"],
+        "cannot be written",
+        marks=needs_data,
+    ),
+    pytest.param(
+        "99",
+        ["parallelbench", "--sweep", "quick", "--out", "{afile}/pb.jsonl"],
+        "is a file, not a directory",
+        marks=needs_data,
+    ),
     ("100", ["parallelbench", "--plot", "/no/such/pb.jsonl"], "sweep file /no/such/pb.jsonl not found"),
     ("101", ["parallelbench", "--plot", "{binary}"], "binary.jsonl is not UTF-8 text"),
     ("102", ["parallelbench", "--out", "{root}/pb.jsonl", "--limit", "1"], "add --sweep GRID"),
