@@ -32,7 +32,6 @@ from dlm_decode.eval import likelihood
 from dlm_decode.eval.answers import Generation, StatsTask, stats_of
 from dlm_decode.eval.block_likelihood import block_row_losses
 from dlm_decode.eval.cli import lm_eval_argv, stats_file
-from dlm_decode.eval.likelihood import Row, greedy_matches, loglikelihoods
 from dlm_decode.eval.lm import DLMDecodeLM
 from dlm_decode.eval.options import parse_model_args
 from dlm_decode.models.loading import load_model
@@ -586,33 +585,34 @@ def block_brute_loss(model, ctx, cont, masked: set[int]) -> float:
 
 def test_every_masked_subset_matches_brute_force(block_model):
     subsets = [set(c) for n in range(1, 4) for c in itertools.combinations(range(3), n)]
-    rows = [Row(0, CTX, CONT, torch.tensor([j in s for j in range(3)]), len(s) / 3) for s in subsets]
+    rows = [likelihood.Row(0, CTX, CONT, torch.tensor([j in s for j in range(3)]), len(s) / 3) for s in subsets]
     got = block_row_losses(block_model, rows, block_length=B)
     want = [block_brute_loss(block_model, CTX, CONT, s) / (len(s) / 3) for s in subsets]
     assert got.tolist() == pytest.approx(want, rel=1e-4, abs=1e-4)
 
 
 def test_one_token_is_exact_and_the_estimate_is_the_subsets_mean(block_model):
-    (one,) = loglikelihoods(block_model, [(CTX, [11])], mc_num=4, block_length=B)
+    (one,) = likelihood.loglikelihoods(block_model, [(CTX, [11])], mc_num=4, block_length=B)
     assert one == pytest.approx(-block_brute_loss(block_model, CTX, [11], {0}), abs=1e-5)
     exact = -sum(
         block_brute_loss(block_model, CTX, CONT, set(c)) / (n * math.comb(3, n))
         for n in range(1, 4)
         for c in itertools.combinations(range(3), n)
     )
-    (est,) = loglikelihoods(block_model, [(CTX, CONT)], mc_num=3000, block_length=B, seed=1)
+    (est,) = likelihood.loglikelihoods(block_model, [(CTX, CONT)], mc_num=3000, block_length=B, seed=1)
     assert est == pytest.approx(exact, abs=0.05 * abs(exact))
 
 
 def test_guidance_and_the_greedy_check_run_on_the_grid(block_model):
     plain, guided = (
-        loglikelihoods(block_model, [(CTX, CONT)] * 2, mc_num=8, block_length=B)[0],
-        loglikelihoods(block_model, [(CTX, CONT)], mc_num=8, block_length=B, cfg_scale=1.0)[0],
+        likelihood.loglikelihoods(block_model, [(CTX, CONT)] * 2, mc_num=8, block_length=B)[0],
+        likelihood.loglikelihoods(block_model, [(CTX, CONT)], mc_num=8, block_length=B, cfg_scale=1.0)[0],
     )
     assert math.isfinite(guided) and guided != plain
-    from dlm_decode import generate
-
-    out = generate(block_model, [CTX], sampler="llada2", sampler_options={"threshold": 1.0}, gen_length=3,
-                   block_length=B, steps=B, stop_at_eos=False)  # fmt: skip
+    out = dlm_decode.generate(
+        block_model, [CTX], sampler="llada2", sampler_options={"threshold": 1.0}, gen_length=3, block_length=B,
+        steps=B, stop_at_eos=False,
+    )  # fmt: skip
     greedy = out.rows[0].generated_ids
-    assert greedy_matches(block_model, [(CTX, greedy), (CTX, [g + 1 for g in greedy])], block_length=B) == [True, False]
+    pairs = [(CTX, greedy), (CTX, [g + 1 for g in greedy])]
+    assert likelihood.greedy_matches(block_model, pairs, block_length=B) == [True, False]

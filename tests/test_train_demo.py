@@ -876,14 +876,15 @@ def test_uniform_lengths_draws_every_list_length_where_the_buckets_give_the_shor
     """The official length buckets fill first bucket first: a task drawn once in a step only ever gets its shortest
     list. ``uniform_lengths`` draws each row's length over the whole range (mini_pb's lists: 3 or 4 people)."""
     stream = st.RowStream(mini_pb, tok, seed=0)
-    people = [
-        len(json.loads(stream.samples("waiting_line/reverse", 1, seed)[0]["input"]["context"])) for seed in range(40)
-    ]
-    assert set(people) == {3}
-    drawn = [
-        len(json.loads(stream.samples("waiting_line/reverse", 1, seed, uniform=True)[0]["input"]["context"]))
-        for seed in range(40)
-    ]
+
+    def people(uniform: bool) -> list[int]:  # one reverse sample per seed: its list's length
+        return [
+            len(json.loads(stream.samples("waiting_line/reverse", 1, seed, uniform=uniform)[0]["input"]["context"]))
+            for seed in range(40)
+        ]
+
+    assert set(people(False)) == {3}
+    drawn = people(True)
     assert set(drawn) == {3, 4} and 10 <= drawn.count(4) <= 30
     eot = tok.convert_tokens_to_ids("<|eot_id|>")
     tasks = ("waiting_line/copy", "waiting_line/reverse", "waiting_line/sort")
@@ -1598,9 +1599,7 @@ def test_stale_options_are_checked_before_work(tmp_path):
 
 @pytest.mark.parametrize("name, family, seed", [("demo-llada-stale", "llada", 49), ("demo-dream-stale", "dream", 51)])
 def test_the_stale_experiment_configs_load_as_they_were_run(name, family, seed):
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "recipes" / "train_demo" / "configs" / f"{name}.yaml"
+    path = ROOT / "recipes" / "train_demo" / "configs" / f"{name}.yaml"
     cfg = cf.load_config(path, ["model.init=x"])
     (stage,) = cfg.stages
     assert (stage.stale, stage.stale_block, stage.steps) == (0.5, 32, 1200)
