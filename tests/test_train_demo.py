@@ -1440,6 +1440,18 @@ def _runner_json(tasks: list[str]) -> dict:
     return {"tasks": rows, "decoding": {"sampler": "low_confidence", "block_length": 8, "gen_length": 128}}
 
 
+def test_shipped_mean_is_of_the_exact_scores_not_the_rounded_ones():
+    """Per-task scores are kept to one decimal, but the mean is taken before that rounding: 10.0 and 10.05 average
+    10.025, which is 10.0 (the mean of the rounded 10.0 and 10.1 would read 10.1)."""
+    from recipes.train_demo import ship as sh
+
+    runner = _runner_json(["waiting_line/copy", "waiting_line/sort"])
+    runner["tasks"][1]["score"] = 10.05
+    runner["tasks"][0]["score"] = 10.0
+    shipped = sh.shipped_scores(runner, "m")
+    assert shipped["scores"] == {"waiting_line/copy": 10.0, "waiting_line/sort": 10.1} and shipped["mean"] == 10.0
+
+
 def test_ship_notes_replace_or_keep_the_cards_hand_sections(tmp_path):
     """--notes FILE puts that markdown after the generated card (an empty file drops the hand sections); a missing
     file is named; hand_sections finds exactly the sections the generator does not write, in order."""
