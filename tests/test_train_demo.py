@@ -1207,6 +1207,8 @@ def test_demo_llada2_configs_load_as_the_shipped_runs_were_set(monkeypatch):
     eighth = cf.load_config(configs / "demo-llada2-stage8.yaml", init)
     ninth = cf.load_config(configs / "demo-llada2-stage9.yaml", init)
     tenth = cf.load_config(configs / "demo-llada2-stage10.yaml", init)
+    eleventh = cf.load_config(configs / "demo-llada2-stage11.yaml", init)
+    twelfth = cf.load_config(configs / "demo-llada2-stage12.yaml", init)
     final = cf.load_config(configs / "demo-llada2.yaml", init)
     assert final.model.family == "llada2" and final.model.attention == "block_causal" and final.model.block_length == 32
     assert second.total_steps == 1675 and third.total_steps == 2400 and third.optim.decay_steps == 600
@@ -1246,12 +1248,21 @@ def test_demo_llada2_configs_load_as_the_shipped_runs_were_set(monkeypatch):
             after.data.self_rows[:-2] == before.data.self_rows
             and len(set(after.data.self_rows)) == len(before.data.self_rows) + 2
         )
-    # the final: the tenth with list lengths drawn uniformly (the one change) and its own seed
-    assert final.stages == tenth.stages and final.optim == tenth.optim and final.run.seed == 4663
-    assert final.data == dataclasses.replace(tenth.data, uniform_lengths=True) and not tenth.data.uniform_lengths
+    # the eleventh: the tenth with list lengths drawn uniformly (the one change) and its own seed
+    assert eleventh.stages == tenth.stages and eleventh.optim == tenth.optim and eleventh.run.seed == 4663
+    assert eleventh.data == dataclasses.replace(tenth.data, uniform_lengths=True) and not tenth.data.uniform_lengths
+    # the twelfth: the eleventh with two more of demo-llada's self-row files; the final: the twelfth with two files of
+    # the twelfth stage's own answers, self 28 -> 36 and half the rate
+    assert twelfth.stages == eleventh.stages == final.stages and twelfth.optim == eleventh.optim
+    assert twelfth.data.self_rows[:-2] == eleventh.data.self_rows and twelfth.run.seed == 4665
+    assert twelfth.data == dataclasses.replace(eleventh.data, self_rows=twelfth.data.self_rows)
+    own = ("runs/self/traj-l2-shuffle/train.jsonl", "runs/self/traj-l2-random/train.jsonl")
+    assert final.data.self_rows == (*twelfth.data.self_rows, *own) and final.run.seed == 4670
+    assert final.data.task_weights == {**twelfth.data.task_weights, "self": 36.0}
+    assert final.optim == dataclasses.replace(twelfth.optim, lr=twelfth.optim.lr / 2) and final.total_steps == 2400
     # the card links every earlier stage's config, in the order they ran, and not the final one
     stages = sorted((p.name for p in configs.glob("demo-llada2-stage*.yaml")), key=lambda n: int(n[17:-5]))
-    assert cd.EARLIER_STAGES == tuple(stages) and len(stages) == 10
+    assert cd.EARLIER_STAGES == tuple(stages) and len(stages) == 12
 
 
 def test_config_files_overrides_and_bad_configs_name_the_key(tmp_path):
