@@ -1457,8 +1457,7 @@ def test_shipped_mean_is_of_the_exact_scores_not_the_rounded_ones():
     from recipes.train_demo import ship as sh
 
     runner = _runner_json(["waiting_line/copy", "waiting_line/sort"])
-    runner["tasks"][1]["score"] = 10.05
-    runner["tasks"][0]["score"] = 10.0
+    runner["tasks"][0]["score"], runner["tasks"][1]["score"] = 10.0, 10.05
     shipped = sh.shipped_scores(runner, "m")
     assert shipped["scores"] == {"waiting_line/copy": 10.0, "waiting_line/sort": 10.1} and shipped["mean"] == 10.0
 
