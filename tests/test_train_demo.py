@@ -1234,13 +1234,14 @@ def test_demo_llada2_configs_load_as_the_shipped_runs_were_set(monkeypatch):
     assert seventh.stages == sixth.stages and seventh.data.self_rows == sixth.data.self_rows
     assert seventh.data.task_weights == {**sixth.data.task_weights, "reverse": 3.0, "self": 16.0}
     assert seventh.optim == dataclasses.replace(sixth.optim, lr=sixth.optim.lr / 2) and seventh.run.seed == 4654
-    # the eighth, ninth and tenth: each the previous stage with two more self-row files and its own seed; self 20,
-    # then 28, then the same 28 with three deterministic tasks up
+    # the eighth, ninth, tenth and twelfth: each the previous stage with two more self-row files and its own seed;
+    # self 20, then 28, then the same 28 with three deterministic tasks up, then the same weights
     det_up = {"sort": 10.0, "insert_index": 4.0, "replace_index": 4.5}
     for before, after, up, seed in (
         (seventh, eighth, {"self": 20.0}, 4655),
         (eighth, ninth, {"self": 28.0}, 4658),
         (ninth, tenth, det_up, 4660),
+        (eleventh, twelfth, {}, 4665),
     ):
         assert after.stages == before.stages and after.optim == before.optim and after.run.seed == seed
         assert after.data.task_weights == {**before.data.task_weights, **up} and after.total_steps == 2400
@@ -1251,11 +1252,10 @@ def test_demo_llada2_configs_load_as_the_shipped_runs_were_set(monkeypatch):
     # the eleventh: the tenth with list lengths drawn uniformly (the one change) and its own seed
     assert eleventh.stages == tenth.stages and eleventh.optim == tenth.optim and eleventh.run.seed == 4663
     assert eleventh.data == dataclasses.replace(tenth.data, uniform_lengths=True) and not tenth.data.uniform_lengths
-    # the twelfth: the eleventh with two more of demo-llada's self-row files; the final: the twelfth with two files of
-    # the twelfth stage's own answers, self 28 -> 36 and half the rate
-    assert twelfth.stages == eleventh.stages == final.stages and twelfth.optim == eleventh.optim
-    assert twelfth.data.self_rows[:-2] == eleventh.data.self_rows and twelfth.run.seed == 4665
+    # the twelfth (in the loop above): the eleventh with two more of demo-llada's self-row files and nothing else; the
+    # final: the twelfth with two files of the twelfth stage's own answers, self 28 -> 36 and half the rate
     assert twelfth.data == dataclasses.replace(eleventh.data, self_rows=twelfth.data.self_rows)
+    assert final.stages == twelfth.stages
     own = ("runs/self/traj-l2-shuffle/train.jsonl", "runs/self/traj-l2-random/train.jsonl")
     assert final.data.self_rows == (*twelfth.data.self_rows, *own) and final.run.seed == 4670
     assert final.data.task_weights == {**twelfth.data.task_weights, "self": 36.0}

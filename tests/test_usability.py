@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import SHARED_DATA
+from conftest import REPO, SHARED_DATA
 from fake import ScriptedModel
 
 import dlm_decode
@@ -25,8 +25,6 @@ from dlm_decode.parallelbench import runner, sweep
 from dlm_decode.parallelbench.runner import load_tasks, run_benchmark
 from dlm_decode.parallelbench.sweep import expand_grid, read_rows, run_sweep
 from dlm_decode.samplers.presets import get_preset
-
-ROOT = Path(__file__).resolve().parents[1]
 
 needs_data = pytest.mark.skipif(not SHARED_DATA.is_dir(), reason="official ParallelBench data not present")
 
@@ -256,9 +254,9 @@ def test_generate_json_rows_carry_their_error_field(llada_dir, capsys):
 # run_script: the recipes' and benchmarks' scripts
 
 
-def _exit(main, capsys) -> tuple[int, str]:
+def _exit(script_main, capsys) -> tuple[int, str]:
     with pytest.raises(SystemExit) as info:
-        run_script(main, "some/script.py")
+        run_script(script_main, "some/script.py")
     return info.value.code, capsys.readouterr().err
 
 
@@ -321,7 +319,7 @@ def test_run_script_lets_bugs_raise():
     ],
 )
 def test_recipe_scripts_answer_a_bad_input_with_one_line(tmp_path, module, args, message):
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}  # the recipes run as modules of the repository
+    env = {**os.environ, "PYTHONPATH": str(REPO)}  # the recipes run as modules of the repository
     proc = subprocess.run(
         [sys.executable, "-m", module, *args], cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env
     )
