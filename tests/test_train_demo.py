@@ -1280,6 +1280,7 @@ def test_config_files_overrides_and_bad_configs_name_the_key(tmp_path):
         "model: {tokenizer: t, family: llada2}\n": "family llada2 trains block-causally",
         "model: {tokenizer: t, family: llada2, attention: block_causal, block_length: 8, n_group: 3}\n": "n_group 3",
         "model: {tokenizer: t, upcycle: x}\n": "model.upcycle builds a llada2 model",
+        "model: {tokenizer: t, grow_after: [1]}\n": "model.grow_after deepens the model of model.init",
         "model: {tokenizer: t, attention: block_causal}\n": "block_causal needs family llada2",
         "model: {tokenizer: t, block_length: 32}\n": "block_length is for block_causal attention",
         "model: {d_model: 64}\n": "model.tokenizer: a fresh model",
@@ -1362,6 +1363,38 @@ def test_upcycled_llada2_computes_demo_llada_on_a_bidirectional_mask():
     assert not torch.equal(moe.experts[0].gate_proj.weight, moe.experts[1].gate_proj.weight)  # distinct slices
     assert (model(ids, block_length=8).logits - want).abs().max() > 1e-2  # the block-causal mask changes them
     assert (_upcycled(qk_norm=True, partial_rotary=1.0)(ids).logits - want).abs().max() > 1e-2
+
+
+@pytest.mark.parametrize(
+    "family, name, after",
+    [("llada", "demo-llada", (0, 3)), ("dream", "demo-dream", (2,)), ("llada2", "demo-llada2", (1, 3))],
+)
+def test_grown_model_computes_its_init_and_its_new_layers_train(family, name, after):
+    """model.grow_after (LLaMA Pro block expansion): each listed layer gets a copy right after it whose residual
+    outputs are zero, so at step 0 the deeper model gives the init model's logits; one backward reaches the new
+    layers' output projections (and so, from the next step, the rest of them)."""
+    init = DEMO_LLADA.parent / name
+    attn = dict(attention="block_causal", block_length=32) if family == "llada2" else {}
+    m = cf.ModelConfig(family=family, init=str(init), grow_after=after, **attn)
+    src, _ = dlm_decode.load_model(init, dtype=torch.float32, tokenizer=False)
+    model = md.initial_model(m, None, say=lambda *_: None)
+    n = len(list(src.parameters()))
+    count = "n_layers" if family == "llada" else "num_hidden_layers"
+    assert getattr(model.config, count) == getattr(src.config, count) + len(after)
+    ids = torch.randint(3, 1300, (2, 40), generator=torch.Generator().manual_seed(1))
+    want = src(ids).logits.detach()
+    torch.testing.assert_close(model(ids).logits.detach(), want, rtol=1e-4, atol=1e-4)
+    assert len(list(model.parameters())) > n and float(want.abs().max()) > 1
+    model.train()
+    model(ids).logits.logsumexp(-1).mean().backward()
+    new = {k: p for k, p in model.named_parameters() if re.search(rf"\b(?:blocks|layers)\.{after[0] + 1}\.", k)}
+    outs = [p for k, p in new.items() if md.RESIDUAL_OUT.search(k)]
+    assert outs and all(float(p.abs().sum()) == 0 and float(p.grad.abs().sum()) > 0 for p in outs)
+    if family == "llada2":
+        with pytest.raises(ValueError, match=r"grow_after: \[0\].*MoE layers"):
+            md.initial_model(dataclasses.replace(m, grow_after=(0,)), None, say=lambda *_: None)
+    with pytest.raises(ValueError, match=r"grow_after: \[9\]"):
+        md.initial_model(dataclasses.replace(m, grow_after=(9,)), None, say=lambda *_: None)
 
 
 def test_block_causal_loss_uses_the_decoding_mask(tok, rows):

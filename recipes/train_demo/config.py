@@ -63,6 +63,7 @@ class ModelConfig:
     qk_norm: bool = True  # RMSNorm per head on q and k (use_qk_norm)
     partial_rotary: float = 0.5  # share of head_dim rotated (partial_rotary_factor); 1.0 is LLaDA's full RoPE
     upcycle: str | None = None  # llada2: a fresh model initialised from this LLaDA checkpoint (upcycle.py)
+    grow_after: tuple[int, ...] = ()  # with init: a zero-output copy of each listed layer after it (model.grown)
 
     @property
     def kv_heads(self) -> int:
@@ -328,6 +329,8 @@ def _check_model(m: ModelConfig) -> None:
         raise ValueError("model.tie_embeddings is for family llada (weight_tying); Dream checkpoints here are untied")
     if m.rope_theta is not None and m.rope_theta <= 0:
         raise ValueError(f"model.rope_theta must be > 0, got {m.rope_theta}")
+    if m.grow_after and m.init is None:
+        raise ValueError("model.grow_after deepens the model of model.init (or --init); give one")
     if m.init is None and m.tokenizer is None and m.upcycle is None:
         raise ValueError("model.tokenizer: a fresh model (no model.init, no --init) needs a tokenizer (tokenizer.py)")
 

@@ -3,10 +3,12 @@
 ``family: llada`` builds ``LLaDAModelLM`` (bidirectional attention, ``logit_shift`` 0), ``family: dream`` builds
 ``DreamModel`` (bidirectional, shifted logits), ``family: llada2`` builds ``LLaDA2MoeModelLM`` (block-causal attention
 with the config's ``block_length``, unshifted logits), fresh or upcycled from a LLaDA checkpoint (``upcycle.py``).
+A run that continues a trained model may deepen it first (``grow_after``: LLaMA Pro's block expansion, ``grown``).
 """
 
 from __future__ import annotations
 
+import copy
 import re
 from typing import Any
 
@@ -78,7 +80,52 @@ def initial_model(m: ModelConfig, tok: Any, say: Any = print) -> torch.nn.Module
         say(f"RoPE base {model.config.rope_theta:g} -> {m.rope_theta:g}")
         model.config.rope_theta = m.rope_theta
     say(f"initialised from {m.init} (its architecture; the size keys are ignored)")
-    return model
+    return grown(model, m.family, m.grow_after, say) if m.grow_after else model
+
+
+# A layer's parameters: ``model.transformer.blocks.3.`` (llada), ``model.layers.3.`` (dream, llada2).
+LAYER_KEY = re.compile(r"^(.*?\b(?:blocks|layers))\.(\d+)\.(.*)$")
+# The projections that write into the residual stream: attention output and MLP / expert down projection.
+RESIDUAL_OUT = re.compile(r"(?:^|\.)(?:attn_out|ff_out|o_proj|dense|down_proj)\.(?:weight|bias)$")
+LAYER_COUNT = {"llada": "n_layers", "dream": "num_hidden_layers", "llada2": "num_hidden_layers"}
+
+
+@torch.no_grad()
+def grown(model: torch.nn.Module, family: str, after: tuple[int, ...], say: Any = print) -> torch.nn.Module:
+    """``model`` deepened: a copy of each layer in ``after`` (0-based) inserted right after it, with the copy's
+    residual-stream outputs (attention output, MLP or expert down projections) at zero. This is LLaMA Pro's block
+    expansion (Wu et al. 2024, "LLaMA Pro: Progressive LLaMA with Block Expansion"): each new layer is the identity
+    at step 0, so the grown model computes exactly the old one's logits and training adds depth from there."""
+    count_key = LAYER_COUNT[family]
+    n = int(getattr(model.config, count_key))
+    first_moe = int(getattr(model.config, "first_k_dense_replace", 0) or 0) if family == "llada2" else 0
+    bad = [i for i in after if not first_moe <= i < n] + [i for i in after if list(after).count(i) > 1]
+    if bad:
+        raise ValueError(
+            f"model.grow_after: {sorted(set(bad))} is not a list of distinct layers in [{first_moe}, {n - 1}]"
+            + (" (llada2 copies only MoE layers: a copy must keep its index's dense / MoE kind)" if first_moe else "")
+        )
+    order = [src for i in range(n) for src in ([i, i] if i in after else [i])]  # new index -> source layer
+    copies = {j for j in range(1, len(order)) if order[j] == order[j - 1]}
+    old = model.state_dict()
+    by_layer: dict[int, list[tuple[str, str, str]]] = {}
+    state = {}
+    for key, value in old.items():
+        hit = LAYER_KEY.match(key)
+        if hit is None:
+            state[key] = value
+        else:
+            by_layer.setdefault(int(hit.group(2)), []).append((hit.group(1), hit.group(3), key))
+    for j, src in enumerate(order):
+        for prefix, rest, key in by_layer[src]:
+            value = old[key].clone()
+            state[f"{prefix}.{j}.{rest}"] = value.zero_() if j in copies and RESIDUAL_OUT.search(rest) else value
+    config = copy.deepcopy(model.config)
+    setattr(config, count_key, len(order))
+    deeper = type(model)(config)
+    deeper.load_state_dict(state, strict=True)
+    say(f"grown {n} -> {len(order)} layers: a zero-output copy after layer(s) {', '.join(map(str, after))}")
+    return deeper.float().train(model.training)
 
 
 def trainable_parameters(
