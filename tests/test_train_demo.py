@@ -1464,6 +1464,44 @@ def test_clean_context_rows_score_one_block_in_the_state_it_is_decoded_in(tok, r
         ob.diffusion_loss(model, batch, torch.Generator().manual_seed(5), clean_context=0.5)
 
 
+def test_whole_name_rows_mask_a_person_whole_and_score_the_usual_loss(tok, rows):
+    """whole_names share 1: every last-name slot of the response is masked exactly when the first name before it is
+    (so whole people are masked and, at a low rate, one person among visible ones), nothing else moves, and the
+    loss is the ordinary one on that canvas; share 0 draws and scores exactly as before. The joined ids are the
+    last names' tokens and no first name's."""
+    joins = ob.name_tail_ids(tok, NAMES)
+    last = {i for n in NAMES[1] for i in tok(f" {n}", add_special_tokens=False)["input_ids"]}
+    first = {i for n in NAMES[0] for i in tok(f'"{n}', add_special_tokens=False)["input_ids"][1:]}
+    assert set(joins.nonzero().flatten().tolist()) == last and not first & last
+    batch = ob.collate(rows[:4], tok.pad_token_id)
+    ids, resp = batch["input_ids"], batch["response"]
+    _, masked, p_mask = ob.mask_response(batch, tok.mask_token_id, torch.Generator().manual_seed(7))
+    whole = ob.whole_name_masks(batch, masked, joins, 1.0, torch.Generator().manual_seed(1))
+    tail = joins[ids] & resp
+    assert int(tail.sum()) >= 12 and torch.equal(whole[tail], masked.roll(1, 1)[tail])
+    assert torch.equal(whole[~tail], masked[~tail]) and not torch.equal(whole, masked)
+    assert torch.equal(ob.whole_name_masks(batch, masked, joins, 0.0, torch.Generator().manual_seed(1)), masked)
+    torch.manual_seed(0)
+    size = cf.ModelConfig(d_model=32, n_layers=2, n_heads=2, mlp_hidden=64, moe_hidden=16, **LLADA2)
+    model = md.make_model(size, tok)
+    loss, _ = ob.diffusion_loss(
+        model, batch, torch.Generator().manual_seed(7), block_length=8, whole_names=(1.0, joins)
+    )
+    canvas = torch.where(whole, tok.mask_token_id, ids)
+    pos = (batch["valid"].long().cumsum(1) - 1).clamp(min=0)
+    logits = model.output_logits(model.hidden_states(canvas, pos, key_mask=batch["valid"], block_length=8))
+    ce = torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids, reduction="none")
+    want = ((ce * whole) / (p_mask[:, None] * batch["response_length"][:, None])).sum() / 4
+    torch.testing.assert_close(loss, want, rtol=1e-5, atol=1e-6)
+    plain, _ = ob.diffusion_loss(model, batch, torch.Generator().manual_seed(7), block_length=8)
+    none, _ = ob.diffusion_loss(
+        model, batch, torch.Generator().manual_seed(7), block_length=8, whole_names=(0.0, joins)
+    )
+    assert float(plain.detach()) == float(none.detach()) and abs(float((plain - loss).detach())) > 1e-4
+    with pytest.raises(ValueError, match=r"whole_names must be in \[0, 1\]"):
+        _stage(whole_names=1.5)
+
+
 def test_block_causal_hidden_states_see_earlier_blocks_only(tok):
     torch.manual_seed(0)
     size = cf.ModelConfig(d_model=32, n_layers=2, n_heads=2, mlp_hidden=64, moe_hidden=16, **LLADA2)

@@ -112,7 +112,8 @@ class Stage:
     up to N tokens; ``reset``: fresh optimizer moments at the stage's start; ``stale``: the share of rows trained
     the way a Fast-dLLM prefix or dual cache serves them at decode time, in blocks of ``stale_block`` tokens
     (``stale.py``; bidirectional models); ``clean_context``: the share of rows scored on one block with the response
-    before it clean, the state a block is decoded in (``objective.py``; block-causal models)."""
+    before it clean, the state a block is decoded in (``objective.py``; block-causal models); ``whole_names``: the
+    share of rows whose people are masked whole (a last name takes its first name's draw; ``objective.py``)."""
 
     kind: str
     steps: int
@@ -130,6 +131,7 @@ class Stage:
     stale: float = 0.0
     stale_block: int = 32
     clean_context: float = 0.0
+    whole_names: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -398,7 +400,7 @@ def _check_stage(st: Stage, where: str) -> None:
         raise ValueError(f"{where}.steps must be >= 1, got {st.steps}")
     if st.tasks is not None and not st.tasks:
         raise ValueError(f"{where}.tasks: give at least one task (or leave it out for the twelve)")
-    for key in ("share", "icl", "stale", "clean_context"):
+    for key in ("share", "icl", "stale", "clean_context", "whole_names"):
         value = getattr(st, key)
         if value is not None and not 0.0 <= value <= 1.0:
             raise ValueError(f"{where}.{key} must be in [0, 1], got {value}")

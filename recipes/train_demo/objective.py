@@ -19,6 +19,14 @@ its length). Block diffusion's training (Arriola et al. 2025, BD3-LM; LLaDA2.0's
 block against clean earlier blocks for this reason; a whole-response draw almost never shows a heavily masked block
 after clean ones, the state every block after the first starts from at decode time.
 
+A whole-name row (``whole_names``: its share) masks a person whole: each last-name token (``joins``: the ids that
+continue a name) takes the mask draw of the token before it, its first name, so the canvas often holds a person
+fully masked among visible ones. Per-token draws almost never do (both halves masked at rate t**2, and a visible
+last name gives its first name away), yet that is the state a random-output task's last undecided person is decoded
+in: shuffle's unused name, replace_random's word when no other slot took it. This is whole-word masking (Devlin et
+al., BERT's WWM release; SpanBERT's span masking, Joshi et al. 2020) with a person as the word; the per-token rate
+and the loss weights are unchanged.
+
 Rows are left-padded (positions ``cumsum(valid) - 1``, key-padding mask), the canvas layout ``dlm_decode.generate``
 decodes with. The masks of a step are drawn from ``step_generator(seed, step)``, so a resumed run draws the same.
 """
@@ -83,16 +91,21 @@ def masked_logits(
     block_length: int | None = None,
     stale: tuple[float, int] | None = None,
     clean_context: float = 0.0,
+    whole_names: tuple[float, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Mask the responses (``mask_response``) and score the masked slots: logits [M, V] from hidden ``i -
     logit_shift`` (the LM head runs only on those), their true ids [M], each one's batch row [M], p_mask [B] and
     each row's scored length [B] (the response's; a stale or clean-context row's block's).
     ``block_length``: block-causal attention (block-causal models only); ``stale``: (share, block) of stale rows
     (bidirectional models; ``stale.py``) and ``clean_context``: the share of clean-context rows (block-causal
-    models), both drawn after the masks so that share 0 draws what it always drew."""
+    models), both drawn after the masks so that share 0 draws what it always drew; ``whole_names``: (share, joins
+    [V] bool) of whole-name rows, drawn right after the masks."""
     core = model.module if hasattr(model, "module") else model
     ids, valid = batch["input_ids"], batch["valid"]
     noisy, masked, p_mask = mask_response(batch, core.mask_token_id, generator, eps, stratified)
+    if whole_names and whole_names[0] > 0:
+        masked = whole_name_masks(batch, masked, whole_names[1], whole_names[0], generator)
+        noisy = torch.where(masked, torch.full_like(ids, core.mask_token_id), ids)
     length = batch["response_length"].clone()
     positions = (valid.long().cumsum(1) - 1).clamp(min=0)
     if clean_context > 0:
@@ -117,6 +130,36 @@ def masked_logits(
     rows, cols = masked.nonzero(as_tuple=True)
     logits = core.output_logits(hid[rows, cols - core.logit_shift])  # [M, V]
     return logits, ids[rows, cols], rows, p_mask, length
+
+
+def whole_name_masks(
+    batch: dict[str, torch.Tensor],
+    masked: torch.Tensor,  # [B, T] bool, the per-token draw's masked response slots
+    joins: torch.Tensor,  # [V] bool: the ids that continue the name before them (last names)
+    share: float,
+    generator: torch.Generator,
+) -> torch.Tensor:
+    """Rows picked with probability ``share`` get each response slot holding a ``joins`` id masked exactly when
+    the slot before it is (its first name's draw); the other rows keep their draw. -> masked [B, T]."""
+    ids, resp = batch["input_ids"], batch["response"]
+    pick = torch.rand(ids.shape[0], generator=generator, device=generator.device).to(ids.device) < share  # [B]
+    tail = joins.to(ids.device)[ids] & resp & pick[:, None]  # [B, T]
+    tail[:, 0] = False
+    lead = torch.zeros_like(masked)
+    lead[:, 1:] = masked[:, :-1] & resp[:, :-1]
+    return torch.where(tail, lead, masked)
+
+
+def name_tail_ids(tokenizer: Any, names: list[list[str]]) -> torch.Tensor:
+    """[V] bool: the ids that continue a person's name in an answer (every token of ``"First Last"`` but the
+    first, tokenized as the answers write it, inside quotes)."""
+    joins = torch.zeros(len(tokenizer), dtype=torch.bool)
+    for first in names[0]:
+        for last in names[1]:
+            ids = tokenizer(f'"{first} {last}"', add_special_tokens=False)["input_ids"]
+            head = len(tokenizer(f'"{first}', add_special_tokens=False)["input_ids"])
+            joins[ids[head:-1]] = True
+    return joins
 
 
 def clean_context_rows(
@@ -154,11 +197,12 @@ def diffusion_loss(
     block_length: int | None = None,
     stale: tuple[float, int] | None = None,
     clean_context: float = 0.0,
+    whole_names: tuple[float, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """LLaDA SFT loss: sum over masked response tokens of CE / p_mask, divided by the response length (a stale or
     clean-context row's block length), batch mean."""
     logits, target, rows, p_mask, length = masked_logits(
-        model, batch, generator, eps, stratified, block_length, stale, clean_context
+        model, batch, generator, eps, stratified, block_length, stale, clean_context, whole_names
     )
     ce = F.cross_entropy(logits.float(), target, reduction="none")  # [M]
     weight = 1.0 / (p_mask[rows] * length[rows])

@@ -31,6 +31,7 @@ from transformers import AutoTokenizer
 
 from dlm_decode.cli import run_script
 from dlm_decode.models.loading import resolve_model_path
+from dlm_decode.parallelbench.generator import load_names
 from dlm_decode.parallelbench.tasks import max_new_tokens
 from recipes.pb_data import data_dir
 from recipes.train_demo.checkpoint import (
@@ -42,7 +43,7 @@ from recipes.train_demo.checkpoint import (
 )
 from recipes.train_demo.config import Stage, TrainConfig, load_config, task_name
 from recipes.train_demo.model import initial_model, trainable_parameters
-from recipes.train_demo.objective import collate, diffusion_loss, step_generator
+from recipes.train_demo.objective import collate, diffusion_loss, name_tail_ids, step_generator
 from recipes.train_demo.prefetch import RowSource
 from recipes.train_demo.schedule import apply_peak_rate, stage_at, stage_starts, wsd_lambda
 from recipes.train_demo.scoring import score_task
@@ -79,6 +80,7 @@ class Run:
     start_step: int = 0
     elapsed: float = 0.0
     ema: float | None = None
+    name_tails: torch.Tensor | None = None  # [V] bool, the ids whole-name rows join to their first name
 
     @property
     def log_path(self) -> Path:
@@ -163,6 +165,8 @@ def setup(cfg: TrainConfig, out: Path, pb: Path, resume: bool) -> Run:
     model, opt, sched = accelerator.prepare(model, opt, sched)
     source = RowSource(stream, cfg.run.row_workers)
     run = Run(cfg, out, accelerator, tok, source, evals, model, opt, sched, trainable, meta)
+    if any(st.whole_names for st in cfg.stages):
+        run.name_tails = name_tail_ids(tok, load_names(Path(pb) / "first_last_names.yaml"))
     if resume:
         restore(run)
     (out / "run.json").write_text(json.dumps(meta, indent=1))
@@ -238,9 +242,8 @@ def train_step(run: Run, step: int, resets: set[int]) -> dict:
     gen = step_generator(cfg.run.seed, step)
     stratified = cfg.data.t_sampling == "stratified"
     block, stale = cfg.model.block_length, (stage.stale, stage.stale_block)
-    loss, _ = diffusion_loss(
-        run.model, batch, gen, stratified=stratified, block_length=block, stale=stale, clean_context=stage.clean_context
-    )
+    extra = {"clean_context": stage.clean_context, "whole_names": (stage.whole_names, run.name_tails)}
+    loss, _ = diffusion_loss(run.model, batch, gen, stratified=stratified, block_length=block, stale=stale, **extra)
     acc.backward(loss)
     acc.clip_grad_norm_([p for _, p in run.trainable], 1.0)
     run.opt.step()
