@@ -1502,6 +1502,20 @@ def test_whole_name_rows_mask_a_person_whole_and_score_the_usual_loss(tok, rows)
         _stage(whole_names=1.5)
 
 
+def test_whole_names_and_grow_after_run_through_the_trainer(tok, tmp_path, mini_pb):
+    """The two options reach a real run: a stage of whole-name rows trains (its joined ids from the stream's names),
+    and a run grown from that export exports one layer more."""
+    run = {"save_every": 2, "eval_every": 0, "export_every": 0}
+    data = {"short_batch": 4, "full_batch": 4}
+    first = _config(tmp_path, tok, [{"kind": "full", "steps": 2, "share": 0.5, "whole_names": 1.0}], data=data, run=run)
+    _train(first, mini_pb, tmp_path / "a")
+    init = {"init": str(tmp_path / "a" / "export"), "grow_after": [0]}
+    second = _config(tmp_path, tok, [{"kind": "full", "steps": 1}], model=init, data=data, run=run)
+    _train(second, mini_pb, tmp_path / "b")
+    assert json.loads((tmp_path / "a" / "export" / "config.json").read_text())["n_layers"] == 1
+    assert json.loads((tmp_path / "b" / "export" / "config.json").read_text())["n_layers"] == 2
+
+
 def test_block_causal_hidden_states_see_earlier_blocks_only(tok):
     torch.manual_seed(0)
     size = cf.ModelConfig(d_model=32, n_layers=2, n_heads=2, mlp_hidden=64, moe_hidden=16, **LLADA2)

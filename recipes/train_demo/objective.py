@@ -146,7 +146,7 @@ def whole_name_masks(
     tail = joins.to(ids.device)[ids] & resp & pick[:, None]  # [B, T]
     tail[:, 0] = False
     lead = torch.zeros_like(masked)
-    lead[:, 1:] = masked[:, :-1] & resp[:, :-1]
+    lead[:, 1:] = masked[:, :-1]  # masked holds response slots only
     return torch.where(tail, lead, masked)
 
 
@@ -155,9 +155,9 @@ def name_tail_ids(tokenizer: Any, names: list[list[str]]) -> torch.Tensor:
     first, tokenized as the answers write it, inside quotes)."""
     joins = torch.zeros(len(tokenizer), dtype=torch.bool)
     for first in names[0]:
+        head = len(tokenizer(f'"{first}', add_special_tokens=False)["input_ids"])
         for last in names[1]:
             ids = tokenizer(f'"{first} {last}"', add_special_tokens=False)["input_ids"]
-            head = len(tokenizer(f'"{first}', add_special_tokens=False)["input_ids"])
             joins[ids[head:-1]] = True
     return joins
 

@@ -31,7 +31,6 @@ from transformers import AutoTokenizer
 
 from dlm_decode.cli import run_script
 from dlm_decode.models.loading import resolve_model_path
-from dlm_decode.parallelbench.generator import load_names
 from dlm_decode.parallelbench.tasks import max_new_tokens
 from recipes.pb_data import data_dir
 from recipes.train_demo.checkpoint import (
@@ -166,7 +165,7 @@ def setup(cfg: TrainConfig, out: Path, pb: Path, resume: bool) -> Run:
     source = RowSource(stream, cfg.run.row_workers)
     run = Run(cfg, out, accelerator, tok, source, evals, model, opt, sched, trainable, meta)
     if any(st.whole_names for st in cfg.stages):
-        run.name_tails = name_tail_ids(tok, load_names(Path(pb) / "first_last_names.yaml"))
+        run.name_tails = name_tail_ids(tok, stream.names)
     if resume:
         restore(run)
     (out / "run.json").write_text(json.dumps(meta, indent=1))
