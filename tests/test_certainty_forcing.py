@@ -577,3 +577,62 @@ def test_evaluate_plots_score_against_parallelism_and_nfe(tmp_path):
         assert (tmp_path / f"{x}.png").stat().st_size > 1000
     with pytest.raises(ValueError, match="x must be"):
         plot(res, tmp_path / "bad.png", x="seconds")
+
+
+def test_decode_states_repair_a_copied_list_at_its_last_open_slot():
+    """replace_random decoded as a plain copy, left to right: the last state a valid answer still agrees with is the
+    one before the last person's first name is committed; its target writes the word there, and that person's slots
+    (with everything after them in its block) are what it scores. A verified trajectory keeps its own answer."""
+    import random as _random
+    from types import SimpleNamespace
+
+    from recipes.certainty_forcing.trajectories import answer_canvases, decode_states
+
+    tok = dlm_decode.load_model("demo-llada2")[1]
+    people, word = ["Paul Payne", "Robert Riley", "Peter Stone"], "Juan Torres"
+    sample = {"answer": {"input": people, "word": word}}
+    row = {"task": "waiting_line/replace_random", "sample": json.dumps(sample)}
+    copied = answer_canvases(tok, [json.dumps(people)], 32)[0]
+    prompt = list(range(100, 140))  # 40 prompt slots: the response's grid blocks are slots 0-23 and 24-31 (block 32)
+    res = SimpleNamespace(prompt_ids=prompt, generated_ids=copied.tolist())
+    trace = torch.arange(32)  # committed left to right
+    got = decode_states(row, res, trace, False, tok=tok, block=32, n=3, rng=_random.Random(0))
+    want = answer_canvases(tok, [json.dumps(people[:2] + [word])], 32)[0]
+    open_slot = int((want != copied).nonzero()[0])  # the third person's first name
+    assert len(got) == 3 and all(r["repaired"] and r["response_ids"] == want.tolist() for r in got)
+    last = got[-1]
+    assert last["masked"] == list(range(open_slot, 32)) and last["scored"] == list(range(open_slot, 24))
+    assert all(r["masked"][0] < open_slot for r in got[:-1])
+    assert json.loads(last["text"]) == people[:2] + [word]
+    mine = decode_states(row, SimpleNamespace(prompt_ids=prompt, generated_ids=want.tolist()), trace, True,
+                         tok=tok, block=32, n=2, rng=_random.Random(0))  # fmt: skip
+    assert len(mine) == 2 and all(not r["repaired"] and r["response_ids"] == want.tolist() for r in mine)
+
+
+@pytest.mark.skipif(not (SHARED_DATA / "waiting_line").is_dir(), reason="needs the ParallelBench task configs")
+def test_trajectories_states_are_the_models_own_decoding_states(tmp_path):
+    """--states on demo-llada2: every row's target is an answer the verifier accepts, its visible slots are the
+    model's own one-token-per-step tokens, and its scored slots are masked ones of one grid block."""
+    from recipes.certainty_forcing import trajectories
+
+    out = tmp_path / "states"
+    tasks = ["waiting_line/shuffle", "waiting_line/replace_random"]
+    argv = ["--model", "demo-llada2", "--out", str(out), "--data", str(SHARED_DATA), "--heldout-per-task", "0"]
+    trajectories.main([*argv, "--n-per-task", "6", "--tasks", *tasks, "--states", "2", "--seed", "5"])
+    rows = trajectories.read_jsonl(out / "train.jsonl")
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["states"] == 2 and len(rows) == meta["kept"] == 24
+    assert sum(r["repaired"] for r in rows) == 4  # one failed prompt per task on this seed, repaired
+    model, tok = dlm_decode.load_model("demo-llada2")
+    for r in rows:
+        again = dlm_decode.generate(model, [r["prompt_ids"]], gen_length=32, **one_per_step(32)).rows[0]
+        seen = [i for i in range(32) if i not in r["masked"]]
+        assert [r["response_ids"][i] for i in seen] == [again.generated_ids[i] for i in seen]
+        assert r["repaired"] or r["response_ids"] == again.generated_ids
+        assert set(r["scored"]) <= set(r["masked"]) and r["scored"]
+        assert len({(len(r["prompt_ids"]) + i) // 32 for i in r["scored"]}) == 1
+        assert tok.decode(r["response_ids"], skip_special_tokens=True) == r["text"]
+    for bad, message in ((["--states", "-1"], ">= 0"), (["--states", "2", "--eta", "0.5"], "drop --eta"),
+                         (["--states", "2", "--tasks", "puzzle/sudoku_n4_12"], "waiting-line tasks only")):  # fmt: skip
+        with pytest.raises(ValueError, match=message):
+            trajectories.main([*argv, *bad])

@@ -1,7 +1,9 @@
 """ParallelBench generator: official reproduction, determinism, format, name rule, valid answers."""
 
 import collections
+import itertools
 import json
+import math
 import random
 
 import pytest
@@ -17,6 +19,7 @@ from dlm_decode.parallelbench.generator import (
     random_answer,
     sample_key,
     sudoku_solutions,
+    valid_answers,
 )
 from dlm_decode.parallelbench.metrics import parse_list, score_sample
 from dlm_decode.parallelbench.tasks import answer_text, build_messages, load_task
@@ -374,3 +377,33 @@ def test_sudoku_matches_the_official_format():
         assert build_messages(task.config, sample)[-1]["content"].endswith(
             "\n\nInput:\n" + sample["input"]["sudoku"] + "\nOutput:\n"
         )
+
+
+@pytest.mark.parametrize("op", ["shuffle", "insert_random", "remove_random", "replace_random", "copy", "sort"])
+def test_valid_answers_are_exactly_the_answers_the_scorer_accepts(op):
+    name = f"waiting_line/{op}"
+    rng = random.Random(5)
+    for sample in generate_task(name, wl_config(op), NAMES, n=12, seed=23):
+        listed = valid_answers(name, sample)
+        people = list(sample["answer"]["input"]) if isinstance(sample["answer"], dict) else None
+        word = sample["answer"].get("word") if people else None
+        # every list of the right people the task could write: orders of the line, each slot or place of the word
+        pool = people + ([word] if word else []) if people else []
+        sizes = {len(people) - 1, len(people), len(people) + 1} if people else set()
+        candidates = (
+            {list_to_str(list(c)) for k in sizes for c in itertools.permutations(pool, k) if k > 0}
+            if people
+            else {sample["answer"]}
+        )
+        accepted = {t for t in candidates if score_sample(name, t, sample) == BOTH}
+        assert set(listed) == accepted and len(listed) == len(set(listed))
+        assert all(random_answer(name, sample, rng) in listed for _ in range(10))
+        if op == "shuffle":
+            assert len(listed) == math.factorial(len(people)) - 1 and list_to_str(people) not in listed
+        if op == "replace_random":
+            assert len(listed) == len(set(people))
+
+
+def test_valid_answers_refuses_puzzles_and_text():
+    with pytest.raises(ValueError, match="waiting-line answers only"):
+        valid_answers("puzzle/latin_square_n4", {"answer": {"symbols": ["A", "B"]}})

@@ -1151,9 +1151,15 @@ def test_train_takes_self_rows_only_with_a_stage_that_names_them_and_resumes_onl
     task = "waiting_line/shuffle"
     fresh = st.RowStream(mini_pb, tok, seed=0).samples(task, 4, seed=78)
     rng = random.Random(1)
-    path = _self_file(
-        tmp_path / "self.jsonl", [_self_row(st, tok, mini_pb, task, s, random_answer(task, s, rng)) for s in fresh]
-    )
+    written = [_self_row(st, tok, mini_pb, task, s, random_answer(task, s, rng)) for s in fresh]
+    written[:2] = [{**r, "masked": list(range(4, 32)), "scored": list(range(4, 12))} for r in written[:2]]  # states
+    path = _self_file(tmp_path / "self.jsonl", written)
+    canvas = {t: 32 for t in st.TASKS}
+    loaded, _ = sr.load_self_rows([path], vocab_size=len(tok), canvas=canvas, excluded_prompts=set())
+    mix = st.Mix(batch=6, short_share=0.0, tasks=("waiting_line/copy", st.SELF), weights=(1.0, 3.0), aux_chat=False)
+    drawn = [row for step in range(3) for row in st.RowStream(mini_pb, tok, seed=4, self_rows=loaded).rows(step, mix)]
+    states = [row for row in drawn if len(row) == 4]
+    assert states and all(row[3] == (tuple(range(4, 32)), tuple(range(4, 12))) for row in states)
     stage = {"kind": "full", "steps": 3, "tasks": ["copy", "self"], "aux_chat": False}
     raw = {"model": {"tokenizer": "t"}, "stages": [stage]}
     with pytest.raises(ValueError, match="a stage names self; give the files"):
@@ -1500,6 +1506,58 @@ def test_whole_name_rows_mask_a_person_whole_and_score_the_usual_loss(tok, rows)
     assert float(plain.detach()) == float(none.detach()) and abs(float((plain - loss).detach())) > 1e-4
     with pytest.raises(ValueError, match=r"whole_names must be in \[0, 1\]"):
         _stage(whole_names=1.5)
+
+
+def test_decode_order_rows_train_in_their_state_and_leave_other_rows_alone(tok, rows):
+    """A decode-order row is scored in its own state: its masked slots are masks, the rest its text, and its loss is
+    the mean CE of the official forward over its scored slots. The other rows of the batch draw and score exactly
+    what they draw without it (the state is applied after every draw)."""
+    torch.manual_seed(0)
+    size = cf.ModelConfig(d_model=32, n_layers=2, n_heads=2, mlp_hidden=64, moe_hidden=16, **LLADA2)
+    model = md.make_model(size, tok)
+    (p0, r0, *_), (p1, r1, *_) = rows[:2]
+    masked, scored = (1, 2, 4, 5, len(r1) - 1), (1, 2, 4)
+    plain = ob.collate([(p0, r0), (p1, r1)], tok.pad_token_id)
+    mixed = ob.collate([(p0, r0), (p1, r1, (masked, scored))], tok.pad_token_id)
+    assert "state" not in plain and mixed["state"].tolist() == [False, True]
+    start = mixed["input_ids"].shape[1] - len(r1)
+    assert mixed["state_scored"][1].nonzero().flatten().tolist() == [start + j for j in scored]
+    out_plain = ob.masked_logits(model, plain, torch.Generator().manual_seed(3), block_length=8, clean_context=0.5)
+    out_mixed = ob.masked_logits(model, mixed, torch.Generator().manual_seed(3), block_length=8, clean_context=0.5)
+    keep_plain, keep_mixed = out_plain[2] == 0, out_mixed[2] == 0
+    torch.testing.assert_close(out_mixed[0][keep_mixed], out_plain[0][keep_plain], rtol=0, atol=0)
+    assert torch.equal(out_mixed[1][keep_mixed], out_plain[1][keep_plain]) and int(keep_mixed.sum()) > 0
+    ids, valid = mixed["input_ids"], mixed["valid"]
+    canvas = torch.where(mixed["state_masked"], tok.mask_token_id, ids)
+    pos = (valid.long().cumsum(1) - 1).clamp(min=0)
+    logits = model.output_logits(model.hidden_states(canvas, pos, key_mask=valid, block_length=8))[1]
+    ce = torch.nn.functional.cross_entropy(logits[[start + j for j in scored]], ids[1, [start + j for j in scored]])
+    rows_plain = out_plain[2]
+    ce0 = torch.nn.functional.cross_entropy(out_plain[0], out_plain[1], reduction="none")[rows_plain == 0]
+    first = (ce0 / (out_plain[3][0] * out_plain[4][0])).sum()
+    loss, _ = ob.diffusion_loss(model, mixed, torch.Generator().manual_seed(3), block_length=8, clean_context=0.5)
+    torch.testing.assert_close(loss, (first + ce) / 2, rtol=1e-5, atol=1e-6)
+    assert float(ce.detach()) > 0.1  # an untrained model: a real loss, not zeros
+    with pytest.raises(ValueError, match="stale rows"):
+        ob.diffusion_loss(model, mixed, torch.Generator().manual_seed(3), stale=(0.5, 8))
+
+
+def test_decode_order_self_rows_are_checked_and_kept_with_their_state(tmp_path):
+    good = {"task": "waiting_line/copy", "prompt_ids": [5, 6], "response_ids": [7, 8, 9], "score": 1.0}
+    path = tmp_path / "train.jsonl"
+    cases = [({"masked": [0, 2], "scored": [2]}, None), ({"masked": [0], "scored": []}, "non-empty subset"),
+             ({"masked": [0], "scored": [1]}, "non-empty subset"), ({"masked": [0, 3], "scored": [0]}, "0-2"),
+             ({"masked": [0]}, "masked and scored")]  # fmt: skip
+    for extra, error in cases:
+        path.write_text(json.dumps({**good, **extra}) + "\n" + json.dumps(good) + "\n")
+        load = lambda: sr.load_self_rows([path], vocab_size=20, canvas={"waiting_line/copy": 3}, excluded_prompts=set())  # noqa: E731
+        if error:
+            with pytest.raises(ValueError, match=error):
+                load()
+        else:
+            got, _ = load()
+            row = ([5, 6], [7, 8, 9], "waiting_line/copy")
+            assert got == [(*row, ((0, 2), (2,))), row]
 
 
 def test_whole_names_and_grow_after_run_through_the_trainer(tok, tmp_path, mini_pb):

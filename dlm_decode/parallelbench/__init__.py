@@ -8,7 +8,7 @@ and regenerates waiting-line, latin-square and sudoku tasks for any seed
 (:mod:`dlm_decode.parallelbench.generator`).
 """
 
-from dlm_decode.parallelbench.generator import generate_task, load_names, random_answer, sample_key
+from dlm_decode.parallelbench.generator import generate_task, load_names, random_answer, sample_key, valid_answers
 from dlm_decode.parallelbench.metrics import (
     METRICS,
     MetricUnavailable,
@@ -59,4 +59,5 @@ __all__ = [
     "sudoku_score",
     "task_kind",
     "text_metrics_available",
+    "valid_answers",
 ]

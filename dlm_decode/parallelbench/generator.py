@@ -80,6 +80,7 @@ __all__ = [
     "random_answer",
     "sample_key",
     "sudoku_solutions",
+    "valid_answers",
 ]
 
 WAITING_LINE_OPS = (
@@ -669,3 +670,28 @@ def random_answer(name: str, sample: Mapping[str, Any], rng: random.Random) -> s
         index = rng.randrange(len(people))
         return list_to_str(people[:index] + [answer["word"]] + people[index + 1 :])
     raise ValueError(f"cannot draw an answer for task {name!r}")
+
+
+def valid_answers(name: str, sample: Mapping[str, Any]) -> list[str]:
+    """Every correct answer text of a waiting-line ``sample``, in a fixed order: the reference answer alone for a
+    deterministic task; shuffle's every order but the original (``n! - 1``, at most 719 on the official lengths of
+    3-6); insert_random's ``n + 1`` places; remove_random's and replace_random's ``n`` slots (a slot holding the same
+    person as another gives the same text once). Puzzles and text tasks are a ValueError (a latin square has too many
+    answers to list, a sudoku one)."""
+    if task_kind(name) != "waiting_line":
+        raise ValueError(f"valid_answers lists waiting-line answers only, not {name!r}")
+    op, answer = task_op(name), sample["answer"]
+    if isinstance(answer, str):
+        return [answer]
+    people = list(answer["input"])
+    if op == "shuffle":
+        lists = [list(p) for p in itertools.permutations(people) if list(p) != people]
+    elif op == "insert_random":
+        lists = [people[:i] + [answer["word"]] + people[i:] for i in range(len(people) + 1)]
+    elif op == "remove_random":
+        lists = [people[:i] + people[i + 1 :] for i in range(len(people))]
+    elif op == "replace_random":
+        lists = [people[:i] + [answer["word"]] + people[i + 1 :] for i in range(len(people))]
+    else:
+        raise ValueError(f"cannot list the answers of task {name!r}")
+    return list(dict.fromkeys(list_to_str(x) for x in lists))

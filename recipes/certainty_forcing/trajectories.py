@@ -18,6 +18,17 @@ for the periodic evaluation), ``meta.json`` (seeds, settings, verified / kept pe
 step. On random-output tasks these are answers the parallel decoder itself reaches, which the model is then trained to
 be sure of. ``--keep-unverified`` (a diagnostic, not the recipe) keeps every answer, for checking the training mechanism
 on a base model that solves nothing yet.
+
+``--states N`` (decode-order rows, not the reference; waiting-line tasks): every prompt is decoded one token per step
+with its trace (``generate(trace=True)``, the step that committed each slot), and each trajectory gives up to N rows
+of the states the decoder itself passed through: the slots committed before step j are visible (the model's own
+tokens), the rest masked, and the target is a valid answer that agrees with every visible slot. A verified trajectory
+targets its own answer at N random steps. A failed one is repaired, DAgger-style (Ross et al. 2011, "A Reduction of
+Imitation Learning and Structured Prediction to No-Regret Online Learning": the learner's states, the expert's
+labels): its last step from which a valid answer could still be reached is always one of its rows, and the target is
+the answer (``parallelbench.valid_answers``) that agrees with the most of its decoded slots. Such a row also names the
+slots to score: the masked ones in the block being decoded at that step (``scored``; later blocks are masked and
+unscored, as at decode time). ``recipes/train_demo/self_rows.py`` reads them.
 """
 
 from __future__ import annotations
@@ -25,6 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import time
 from pathlib import Path
 from typing import Any
@@ -35,6 +47,7 @@ from tqdm.auto import tqdm
 import dlm_decode
 from dlm_decode.cli import run_script
 from dlm_decode.options import is_real
+from dlm_decode.parallelbench import valid_answers
 from dlm_decode.parallelbench.metrics import score_sample
 from recipes.certainty_forcing.common import WAITING_LINE
 from recipes.certainty_forcing.evaluate import one_per_step, parallel_decoding
@@ -79,19 +92,26 @@ def decode_task(
     bar: Any,
     keep_all: bool = False,
     eta: float | None = None,
+    states: int = 0,
+    rng: random.Random | None = None,
 ) -> list[dict]:
     """Decode one task's rows one token per step; return the accepted trajectories (every one with ``keep_all``).
 
     With ``eta``: each row is first decoded by dParallel's own decoder (``entropy_threshold`` at ``eta``) and that
-    answer is kept when the verifier accepts it; only the rows it fails are decoded one token per step."""
+    answer is kept when the verifier accepts it; only the rows it fails are decoded one token per step. With
+    ``states``: the decode-order rows of every trajectory instead (``decode_states``; ``rng`` draws their steps)."""
 
     def decode(chunk: list[dict], gl: int, args: dict[str, Any], decoder: str) -> tuple[list[dict], list[dict]]:
         msgs = [json.loads(r["messages"]) for r in chunk]
-        out = dlm_decode.generate(model, msgs, tokenizer=tok, chat=True, gen_length=gl, **args)
+        out = dlm_decode.generate(model, msgs, tokenizer=tok, chat=True, gen_length=gl, trace=states > 0, **args)
         accepted, failed = [], []
-        for r, res in zip(chunk, out.rows, strict=True):
+        for i, (r, res) in enumerate(zip(chunk, out.rows, strict=True)):
             score = score_sample(r["task"], res.text or "", json.loads(r["sample"]))["score"]
-            if res.error is None and score == 1.0:
+            ok = res.error is None and score == 1.0
+            if states:
+                kw = {"tok": tok, "block": args["block_length"], "n": states, "rng": rng}
+                accepted += decode_states(r, res, out.trace[i], ok, **kw) if res.error is None else []
+            elif ok:
                 accepted.append(record(r, res, score, decoder))
             else:
                 failed.append((r, res, score))
@@ -118,6 +138,57 @@ def decode_task(
     return kept
 
 
+def answer_canvases(tok: Any, texts: list[str], gen_length: int) -> torch.Tensor:
+    """[C, gen_length] the canvases the training rows write for ``texts``: answer, ``<|eot_id|>``, EOS padding."""
+    eot, eos = tok.convert_tokens_to_ids("<|eot_id|>"), tok.eos_token_id
+    ids = tok(texts, add_special_tokens=False)["input_ids"]
+    return torch.tensor([(x + [eot] + [eos] * gen_length)[:gen_length] for x in ids])
+
+
+def decode_states(
+    row: dict, res: Any, trace: torch.Tensor, verified: bool, *, tok: Any, block: int, n: int, rng: random.Random
+) -> list[dict]:
+    """Up to ``n`` decode-order rows of one trajectory (``trace`` [L]: the step that committed each slot, -1 for
+    slots cut after the EOS block); none when no valid answer agrees with even the first state."""
+    sample, task = json.loads(row["sample"]), row["task"]
+    got = torch.tensor(res.generated_ids)  # [L]
+    steps = torch.where(trace < 0, torch.full_like(trace, 2**30), trace)  # cut slots are never visible
+    order = [int(i) for i in torch.argsort(steps, stable=True) if trace[i] >= 0]
+    if verified:
+        target, last = got, None
+    else:
+        texts = valid_answers(task, sample)
+        rng.shuffle(texts)
+        canvases = answer_canvases(tok, texts, len(got))  # [C, L]
+        last, target = None, None
+        for j in range(len(order), -1, -1):  # the latest state some valid answer still agrees with
+            seen = torch.tensor(order[:j], dtype=torch.long)
+            fits = (canvases[:, seen] == got[seen]).all(1)
+            if fits.any():
+                agree = torch.where(fits, (canvases == got).sum(1), torch.full_like(fits, -1, dtype=torch.long))
+                last, target = min(j, len(order) - 1), canvases[int(agree.argmax())]
+                break
+        if target is None or last < 0:
+            return []
+    picks = list(range(len(order))) if last is None else list(range(last + 1))
+    chosen = rng.sample(picks, min(n, len(picks)))
+    if last is not None and last not in chosen:
+        chosen[-1] = last
+    text = tok.decode(target.tolist(), skip_special_tokens=True)
+    if score_sample(task, text, sample)["score"] != 1.0:
+        raise RuntimeError(f"{task}: a target the verifier refuses ({text!r}); the answer canvas is not the model's")
+    out = []
+    for j in sorted(chosen):
+        grid = (len(res.prompt_ids) + order[j]) // block
+        masked = [i for i in range(len(got)) if trace[i] < 0 or steps[i] >= steps[order[j]]]
+        scored = [i for i in masked if (len(res.prompt_ids) + i) // block == grid]
+        out.append(
+            {"task": task, "prompt_ids": res.prompt_ids, "response_ids": target.tolist(), "text": text,
+             "score": 1.0, "decoder": "state", "repaired": not verified, "masked": masked, "scored": scored}
+        )  # fmt: skip
+    return out
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True, help="base checkpoint directory or demo name")
@@ -140,6 +211,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "the prompts it fails (on-policy targets, not the reference)",
     )
     ap.add_argument(
+        "--states",
+        type=int,
+        default=0,
+        help="write decode-order rows instead: up to N states of each one-token-per-step trajectory, a failed one "
+        "repaired to the nearest valid answer (waiting-line tasks; not the reference)",
+    )
+    ap.add_argument(
         "--keep-unverified",
         action="store_true",
         help="diagnostic only, not the recipe: keep every decoded answer (self-distillation without the verifier)",
@@ -149,6 +227,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         raise ValueError("--seed and --heldout-seed must differ")
     if args.eta is not None and not (is_real(args.eta) and args.eta > 0):
         raise ValueError(f"--eta must be a finite number > 0, got {args.eta}")
+    if args.states < 0:
+        raise ValueError(f"--states must be >= 0, got {args.states}")
+    if args.states and (args.eta is not None or args.keep_unverified):
+        raise ValueError(
+            "--states decodes one token per step and repairs failures itself; drop --eta / --keep-unverified"
+        )
+    if args.states and any(not t.startswith("waiting_line/") for t in args.tasks):
+        raise ValueError("--states lists valid answers of waiting-line tasks only; give --tasks waiting_line/...")
     if args.out is None:
         args.out = str(Path("runs") / "certainty_forcing" / f"traj-{Path(str(args.model)).name}")
     return args
@@ -184,12 +270,18 @@ def decode_tasks(model: Any, tok: Any, train_rows: list[dict], parts: Path, args
         else:
             kept = decode_task(
                 model, tok, rows, block=args.block, batch_size=args.batch_size, bar=bar,
-                keep_all=args.keep_unverified, eta=args.eta,
+                keep_all=args.keep_unverified, eta=args.eta, states=args.states,
+                rng=random.Random(f"states/{args.seed}/{task}"),
             )  # fmt: skip
             write_jsonl_atomic(part, kept)
         correct = sum(r["score"] == 1.0 for r in kept)
+        if args.states:  # rows are states; a prompt is verified when its rows target its own answer
+            correct = len({tuple(r["prompt_ids"]) for r in kept if not r["repaired"]})
         rate = round(correct / max(len(rows), 1), 3)
         stats[task] = {"prompts": len(rows), "verified": correct, "verified_rate": rate, "kept": len(kept)}
+        if args.states:
+            stats[task]["repaired_rows"] = sum(r["repaired"] for r in kept)
+            stats[task]["repaired_prompts"] = len({tuple(r["prompt_ids"]) for r in kept if r["repaired"]})
         if args.eta is not None:
             stats[task]["from_entropy_threshold"] = sum(r.get("decoder") == "entropy_threshold" for r in kept)
         bar.set_postfix(task=task.split("/")[-1], verified=f"{rate:.2f}")
@@ -220,6 +312,7 @@ def main(argv: list[str] | None = None) -> None:
         "seed": args.seed,
         "heldout_seed": args.heldout_seed,
         "decode": {"sampler": "low_confidence", "steps": "gen_length", "block": args.block, "temperature": 0.0},
+        "states": args.states,
         "first_decoder": None if args.eta is None else {"sampler": "entropy_threshold", "eta": args.eta},
         "tasks": stats,
         "kept": len(kept_all),

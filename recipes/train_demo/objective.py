@@ -27,6 +27,11 @@ in: shuffle's unused name, replace_random's word when no other slot took it. Thi
 al., BERT's WWM release; SpanBERT's span masking, Joshi et al. 2020) with a person as the word; the per-token rate
 and the loss weights are unchanged.
 
+A decode-order row (a self row of ``trajectories.py --states``) is trained in the state the model's own decoding
+was in: its ``masked`` slots are masks, the rest its target's text, and only its ``scored`` slots (the block being
+decoded) are scored, each row's loss the mean cross-entropy over them (``p_mask`` 1, length = the scored count). The
+other rows' draws are made first and unchanged, so a batch without such rows trains exactly as before.
+
 Rows are left-padded (positions ``cumsum(valid) - 1``, key-padding mask), the canvas layout ``dlm_decode.generate``
 decodes with. The masks of a step are drawn from ``step_generator(seed, step)``, so a resumed run draws the same.
 """
@@ -41,21 +46,29 @@ import torch.nn.functional as F
 from recipes.train_demo.stale import draw_stale_rows, stale_hidden_states
 
 
-def collate(rows: list[tuple[list[int], list[int]]], pad_id: int) -> dict[str, torch.Tensor]:
-    """Left-pad prompt + response rows -> ids, valid, response mask [B, T], response length [B]."""
-    t = max(len(p) + len(r) for p, r in rows)
+def collate(rows: list[tuple], pad_id: int) -> dict[str, torch.Tensor]:
+    """Left-pad (prompt, response[, (masked, scored)]) rows -> ids, valid, response mask [B, T], response length
+    [B]; with any decode-order row also ``state`` [B] bool and its ``state_masked`` / ``state_scored`` [B, T]."""
+    t = max(len(row[0]) + len(row[1]) for row in rows)
     b = len(rows)
     ids = torch.full((b, t), pad_id, dtype=torch.long)
     valid = torch.zeros((b, t), dtype=torch.bool)
     resp = torch.zeros((b, t), dtype=torch.bool)
     resp_len = torch.zeros(b)
-    for i, (p, r) in enumerate(rows):
+    state = torch.zeros(b, dtype=torch.bool)
+    slots = {key: torch.zeros((b, t), dtype=torch.bool) for key in ("state_masked", "state_scored")}
+    for i, (p, r, *st) in enumerate(rows):
         n = len(p) + len(r)
         ids[i, t - n :] = torch.tensor(p + r)
         valid[i, t - n :] = True
         resp[i, t - len(r) :] = True
         resp_len[i] = len(r)
-    return {"input_ids": ids, "valid": valid, "response": resp, "response_length": resp_len}
+        if st:
+            state[i] = True
+            for key, where in zip(slots, st[0], strict=True):
+                slots[key][i, [t - len(r) + j for j in where]] = True
+    batch = {"input_ids": ids, "valid": valid, "response": resp, "response_length": resp_len}
+    return {**batch, "state": state, **slots} if state.any() else batch
 
 
 def mask_response(
@@ -114,8 +127,12 @@ def masked_logits(
         noisy, masked, length = clean_context_rows(
             batch, noisy, masked, positions // block_length, clean_context, generator
         )
+    if "state" in batch:
+        noisy, masked, p_mask, length = decode_state_rows(batch, noisy, masked, p_mask, length, core.mask_token_id)
     spec = None
     if stale and stale[0] > 0:
+        if "state" in batch:
+            raise ValueError("decode-order self rows and stale rows cannot share a batch (stale rows: bidirectional)")
         spec = draw_stale_rows(batch["response"], stale[0], stale[1], generator, core.logit_shift)
     if spec is None:
         kw = {"block_length": block_length} if block_length is not None else {}
@@ -130,6 +147,25 @@ def masked_logits(
     rows, cols = masked.nonzero(as_tuple=True)
     logits = core.output_logits(hid[rows, cols - core.logit_shift])  # [M, V]
     return logits, ids[rows, cols], rows, p_mask, length
+
+
+def decode_state_rows(
+    batch: dict[str, torch.Tensor],
+    noisy: torch.Tensor,  # [B, T]
+    masked: torch.Tensor,  # [B, T] bool, scored slots
+    p_mask: torch.Tensor,  # [B]
+    length: torch.Tensor,  # [B]
+    mask_id: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The decode-order rows (``batch["state"]``) put in their own state: their masked slots masked, the rest text,
+    their scored slots scored, p_mask 1 and length the scored count (loss = mean CE over them); other rows as given."""
+    ids, row = batch["input_ids"], batch["state"][:, None]
+    canvas = torch.where(batch["state_masked"], torch.full_like(ids, mask_id), ids)
+    noisy = torch.where(row, canvas, noisy)
+    masked = torch.where(row, batch["state_scored"], masked)
+    p_mask = torch.where(batch["state"], torch.ones_like(p_mask), p_mask)
+    length = torch.where(batch["state"], batch["state_scored"].sum(1).to(length.dtype), length)
+    return noisy, masked, p_mask, length
 
 
 def whole_name_masks(

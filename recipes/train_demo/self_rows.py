@@ -15,6 +15,10 @@ these models, whose targets are the same trajectories, lifted shuffle from 80 to
 The other rows keep their real diversity, and the self rows are valid answers of the task: what the parallel
 samplers get wrong on these tasks (two positions filled from two different answers) is still there to measure.
 
+A decode-order row (``trajectories.py --states``) also names a state of the model's own decoding: ``masked`` (the
+response slots still masked at that step) and ``scored`` (those of the block being decoded); it is trained in that
+state instead of a random draw (``objective.py``).
+
 ``load_self_rows`` reads ``train.jsonl`` files of ``trajectories.py`` (task, prompt_ids, response_ids, score) and
 refuses rows a stage must not train on: an unverified answer (``--keep-unverified`` runs), a response whose length is
 not its task's canvas, an unknown task, token ids outside the tokenizer, and any prompt equal, token for token, to the
@@ -30,7 +34,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-Row = tuple[list[int], list[int], str]  # (prompt ids, response ids, task)
+Row = tuple  # (prompt ids, response ids, task) or, for a decode-order row, (..., (masked slots, scored slots))
 
 
 def load_self_rows(
@@ -75,11 +79,27 @@ def load_self_rows(
             ids = [*prompt, *resp]
             if not ids or min(ids) < 0 or max(ids) >= vocab_size:
                 raise ValueError(f"{where}: token ids outside the tokenizer's {vocab_size}")
+            state = decode_state(r, len(resp), where)
             if tuple(prompt) in excluded_prompts:
                 dropped += 1
                 continue
-            rows.append((list(prompt), list(resp), task))
+            rows.append((list(prompt), list(resp), task, *state))
             per_task[task] = per_task.get(task, 0) + 1
     if not rows:
         raise ValueError(f"--self-rows: no usable row in {', '.join(map(str, paths))}")
     return rows, {"rows": len(rows), "per_task": per_task, "dropped_excluded": dropped, "sha256": digest.hexdigest()}
+
+
+def decode_state(row: Mapping[str, Any], length: int, where: str) -> tuple:
+    """() for an ordinary row; ``((masked, scored),)`` for a decode-order row, checked: response slot indices,
+    ``scored`` a non-empty subset of ``masked``."""
+    if "masked" not in row and "scored" not in row:
+        return ()
+    masked, scored = row.get("masked"), row.get("scored")
+    ok = isinstance(masked, list) and isinstance(scored, list) and all(isinstance(i, int) for i in masked + scored)
+    if not ok or not scored or not set(scored) <= set(masked) or min(masked) < 0 or max(masked) >= length:
+        raise ValueError(
+            f"{where}: a decode-order row needs masked and scored lists of response slots (0-{length - 1}), scored "
+            "a non-empty subset of masked"
+        )
+    return ((tuple(masked), tuple(scored)),)

@@ -173,10 +173,10 @@ class RowStream:
         tokenizer: Any,
         seed: int,
         exclude: Mapping[str, set] | None = None,
-        self_rows: Sequence[tuple[list[int], list[int], str]] = (),
+        self_rows: Sequence[tuple] = (),
     ) -> None:
         self.tok = tokenizer
-        # aux/self's rows (self_rows.load_self_rows: prompt ids, response ids, task), drawn by index per step
+        # aux/self's rows (self_rows.load_self_rows: prompt ids, response ids, task[, decode state]), drawn by index
         self.self_rows = list(self_rows)
         self.seed = seed
         self.names = load_names(Path(data_dir) / "first_last_names.yaml")
@@ -227,8 +227,8 @@ class RowStream:
                 if not self.self_rows:
                     raise ValueError("a stage names self, but the stream has no self rows (train.py --self-rows)")
                 for i in answer_rng.choices(range(len(self.self_rows)), k=n):
-                    prompt, resp, _ = self.self_rows[i]
-                    out.append((list(prompt), list(resp), f"{kind}/{task}"))
+                    prompt, resp, _, *state = self.self_rows[i]  # a decode-order row keeps its state
+                    out.append((list(prompt), list(resp), f"{kind}/{task}", *state))
                 continue
             if task in LATIN_TASKS:
                 gen_length = max_new_tokens(LATIN)
@@ -294,10 +294,10 @@ class RowStream:
         own generator, so rows without a canvas are those of earlier runs); short rows unchanged."""
         eos = self.tok.eos_token_id
         out = []
-        for prompt, resp, label in rows:
+        for prompt, resp, label, *state in rows:
             if label.startswith("full/") and len(resp) < canvas:
                 resp = resp + [eos] * (rng.randint(len(resp), canvas) - len(resp))
-            out.append((prompt, resp, label))
+            out.append((prompt, resp, label, *state))  # a state's slots index the response's start: unchanged
         return out
 
     def filler(self, task: str, rng: random.Random, gap: int) -> str:

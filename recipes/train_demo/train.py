@@ -236,7 +236,7 @@ def train_step(run: Run, step: int, resets: set[int]) -> dict:
     upcoming = lambda s: mix_for(cfg, stage_at(cfg.stages, s)[1]) if s < cfg.total_steps else None  # noqa: E731
     rows = run.source.rows(step, mix_for(cfg, stage), upcoming)
     mine = rows[acc.process_index :: acc.num_processes]
-    batch = collate([(p, r) for p, r, _ in mine], run.tok.pad_token_id)
+    batch = collate([(p, r, *state) for p, r, _, *state in mine], run.tok.pad_token_id)
     batch = {k: v.to(acc.device) for k, v in batch.items()}
     gen = step_generator(cfg.run.seed, step)
     stratified = cfg.data.t_sampling == "stratified"
