@@ -610,22 +610,30 @@ def test_decode_states_repair_a_copied_list_at_its_last_open_slot():
 
 
 @pytest.mark.skipif(not (SHARED_DATA / "waiting_line").is_dir(), reason="needs the ParallelBench task configs")
-def test_trajectories_states_are_the_models_own_decoding_states(tmp_path):
+@pytest.mark.parametrize("threshold", [None, 0.7])
+def test_trajectories_states_are_the_models_own_decoding_states(threshold, tmp_path):
     """--states on demo-llada2: every row's target is an answer the verifier accepts, its visible slots are the
-    model's own one-token-per-step tokens, and its scored slots are masked ones of one grid block."""
+    model's own tokens (one token per step, or the threshold sampler's with --states-threshold), and its scored
+    slots are masked ones of one grid block."""
     from recipes.certainty_forcing import trajectories
 
     out = tmp_path / "states"
     tasks = ["waiting_line/shuffle", "waiting_line/replace_random"]
     argv = ["--model", "demo-llada2", "--out", str(out), "--data", str(SHARED_DATA), "--heldout-per-task", "0"]
-    trajectories.main([*argv, "--n-per-task", "6", "--tasks", *tasks, "--states", "2", "--seed", "5"])
+    extra = [] if threshold is None else ["--states-threshold", str(threshold)]
+    trajectories.main([*argv, "--n-per-task", "6", "--tasks", *tasks, "--states", "2", "--seed", "5", *extra])
     rows = trajectories.read_jsonl(out / "train.jsonl")
     meta = json.loads((out / "meta.json").read_text())
-    assert meta["states"] == 2 and len(rows) == meta["kept"] == 24
-    assert sum(r["repaired"] for r in rows) == 4  # one failed prompt per task on this seed, repaired
+    # seed 5: one failed prompt per task one token per step; at 0.7 four, and some states hold several commits
+    kept, repaired = (24, 4) if threshold is None else (21, 7)
+    assert meta["states"] == 2 and meta["states_threshold"] == threshold and len(rows) == meta["kept"] == kept
+    assert sum(r["repaired"] for r in rows) == repaired
     model, tok = dlm_decode.load_model("demo-llada2")
+    decoder = one_per_step(32)
+    if threshold is not None:
+        decoder = {"sampler": "threshold", "sampler_options": {"threshold": threshold}, "block_length": 32}
     for r in rows:
-        again = dlm_decode.generate(model, [r["prompt_ids"]], gen_length=32, **one_per_step(32)).rows[0]
+        again = dlm_decode.generate(model, [r["prompt_ids"]], gen_length=32, **decoder).rows[0]
         seen = [i for i in range(32) if i not in r["masked"]]
         assert [r["response_ids"][i] for i in seen] == [again.generated_ids[i] for i in seen]
         assert r["repaired"] or r["response_ids"] == again.generated_ids
@@ -633,6 +641,8 @@ def test_trajectories_states_are_the_models_own_decoding_states(tmp_path):
         assert len({(len(r["prompt_ids"]) + i) // 32 for i in r["scored"]}) == 1
         assert tok.decode(r["response_ids"], skip_special_tokens=True) == r["text"]
     for bad, message in ((["--states", "-1"], ">= 0"), (["--states", "2", "--eta", "0.5"], "drop --eta"),
+                         (["--states-threshold", "0.9"], "needs --states"),
+                         (["--states", "2", "--states-threshold", "1.5"], r"in \(0, 1\]"),
                          (["--states", "2", "--tasks", "puzzle/sudoku_n4_12"], "waiting-line tasks only")):  # fmt: skip
         with pytest.raises(ValueError, match=message):
             trajectories.main([*argv, *bad])

@@ -28,7 +28,8 @@ Imitation Learning and Structured Prediction to No-Regret Online Learning": the 
 labels): its last step from which a valid answer could still be reached is always one of its rows, and the target is
 the answer (``parallelbench.valid_answers``) that agrees with the most of its decoded slots. Such a row also names the
 slots to score: the masked ones in the block being decoded at that step (``scored``; later blocks are masked and
-unscored, as at decode time). ``recipes/train_demo/self_rows.py`` reads them.
+unscored, as at decode time). ``--states-threshold T`` takes the trajectories of Fast-dLLM's ``threshold`` sampler at T
+instead (several slots committed in one step form one state). ``recipes/train_demo/self_rows.py`` reads them.
 """
 
 from __future__ import annotations
@@ -94,12 +95,14 @@ def decode_task(
     eta: float | None = None,
     states: int = 0,
     rng: random.Random | None = None,
+    states_threshold: float | None = None,
 ) -> list[dict]:
     """Decode one task's rows one token per step; return the accepted trajectories (every one with ``keep_all``).
 
     With ``eta``: each row is first decoded by dParallel's own decoder (``entropy_threshold`` at ``eta``) and that
     answer is kept when the verifier accepts it; only the rows it fails are decoded one token per step. With
-    ``states``: the decode-order rows of every trajectory instead (``decode_states``; ``rng`` draws their steps)."""
+    ``states``: the decode-order rows of every trajectory instead (``decode_states``; ``rng`` draws their steps),
+    decoded by ``threshold`` at ``states_threshold`` when given."""
 
     def decode(chunk: list[dict], gl: int, args: dict[str, Any], decoder: str) -> tuple[list[dict], list[dict]]:
         msgs = [json.loads(r["messages"]) for r in chunk]
@@ -130,7 +133,11 @@ def decode_task(
             kept += accepted
             chunk = [r for r, _, _ in failed]
         if chunk:
-            accepted, failed = decode(chunk, gl, one_per_step(gl, min(block, gl)), "one_per_step")
+            args = one_per_step(gl, min(block, gl))
+            if states_threshold is not None:  # the states of Fast-dLLM's parallel decoder instead
+                args = {**args, "sampler": "threshold", "sampler_options": {"threshold": states_threshold}}
+                args.pop("steps")
+            accepted, failed = decode(chunk, gl, args, "one_per_step")
             kept += accepted
             if keep_all:
                 kept += [record(r, res, score, "one_per_step") for r, res, score in failed if res.error is None]
@@ -149,11 +156,12 @@ def decode_states(
     row: dict, res: Any, trace: torch.Tensor, verified: bool, *, tok: Any, block: int, n: int, rng: random.Random
 ) -> list[dict]:
     """Up to ``n`` decode-order rows of one trajectory (``trace`` [L]: the step that committed each slot, -1 for
-    slots cut after the EOS block); none when no valid answer agrees with even the first state."""
+    slots cut after the EOS block; a parallel decoder commits several slots in one step, which then form one state);
+    none when no valid answer agrees with even the first state."""
     sample, task = json.loads(row["sample"]), row["task"]
     got = torch.tensor(res.generated_ids)  # [L]
-    steps = torch.where(trace < 0, torch.full_like(trace, 2**30), trace)  # cut slots are never visible
-    order = [int(i) for i in torch.argsort(steps, stable=True) if trace[i] >= 0]
+    levels = sorted({int(x) for x in trace if x >= 0})  # state j: the slots committed before step levels[j] shown
+    seen = [((trace >= 0) & (trace < v)).nonzero().flatten() for v in levels]
     if verified:
         target, last = got, None
     else:
@@ -161,16 +169,16 @@ def decode_states(
         rng.shuffle(texts)
         canvases = answer_canvases(tok, texts, len(got))  # [C, L]
         last, target = None, None
-        for j in range(len(order), -1, -1):  # the latest state some valid answer still agrees with
-            seen = torch.tensor(order[:j], dtype=torch.long)
-            fits = (canvases[:, seen] == got[seen]).all(1)
+        for j in range(len(levels), -1, -1):  # the latest state some valid answer still agrees with
+            shown = (trace >= 0).nonzero().flatten() if j == len(levels) else seen[j]
+            fits = (canvases[:, shown] == got[shown]).all(1)
             if fits.any():
                 agree = torch.where(fits, (canvases == got).sum(1), torch.full_like(fits, -1, dtype=torch.long))
-                last, target = min(j, len(order) - 1), canvases[int(agree.argmax())]
+                last, target = min(j, len(levels) - 1), canvases[int(agree.argmax())]
                 break
         if target is None or last < 0:
             return []
-    picks = list(range(len(order))) if last is None else list(range(last + 1))
+    picks = list(range(len(levels))) if last is None else list(range(last + 1))
     chosen = rng.sample(picks, min(n, len(picks)))
     if last is not None and last not in chosen:
         chosen[-1] = last
@@ -179,8 +187,8 @@ def decode_states(
         raise RuntimeError(f"{task}: a target the verifier refuses ({text!r}); the answer canvas is not the model's")
     out = []
     for j in sorted(chosen):
-        grid = (len(res.prompt_ids) + order[j]) // block
-        masked = [i for i in range(len(got)) if trace[i] < 0 or steps[i] >= steps[order[j]]]
+        grid = (len(res.prompt_ids) + int((trace == levels[j]).nonzero()[0])) // block  # the block decoded next
+        masked = sorted(set(range(len(got))) - set(seen[j].tolist()))
         scored = [i for i in masked if (len(res.prompt_ids) + i) // block == grid]
         out.append(
             {"task": task, "prompt_ids": res.prompt_ids, "response_ids": target.tolist(), "text": text,
@@ -218,6 +226,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "repaired to the nearest valid answer (waiting-line tasks; not the reference)",
     )
     ap.add_argument(
+        "--states-threshold",
+        type=float,
+        default=None,
+        help="with --states: decode the trajectories with the threshold sampler at T instead of one token per step "
+        "(the states a parallel decoder passes through)",
+    )
+    ap.add_argument(
         "--keep-unverified",
         action="store_true",
         help="diagnostic only, not the recipe: keep every decoded answer (self-distillation without the verifier)",
@@ -233,6 +248,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         raise ValueError(
             "--states decodes one token per step and repairs failures itself; drop --eta / --keep-unverified"
         )
+    if args.states_threshold is not None and not (
+        args.states and is_real(args.states_threshold) and 0 < args.states_threshold <= 1
+    ):
+        raise ValueError(f"--states-threshold needs --states and a number in (0, 1], got {args.states_threshold}")
     if args.states and any(not t.startswith("waiting_line/") for t in args.tasks):
         raise ValueError("--states lists valid answers of waiting-line tasks only; give --tasks waiting_line/...")
     if args.out is None:
@@ -271,7 +290,7 @@ def decode_tasks(model: Any, tok: Any, train_rows: list[dict], parts: Path, args
             kept = decode_task(
                 model, tok, rows, block=args.block, batch_size=args.batch_size, bar=bar,
                 keep_all=args.keep_unverified, eta=args.eta, states=args.states,
-                rng=random.Random(f"states/{args.seed}/{task}"),
+                rng=random.Random(f"states/{args.seed}/{task}"), states_threshold=args.states_threshold,
             )  # fmt: skip
             write_jsonl_atomic(part, kept)
         correct = sum(r["score"] == 1.0 for r in kept)
@@ -313,6 +332,7 @@ def main(argv: list[str] | None = None) -> None:
         "heldout_seed": args.heldout_seed,
         "decode": {"sampler": "low_confidence", "steps": "gen_length", "block": args.block, "temperature": 0.0},
         "states": args.states,
+        "states_threshold": args.states_threshold,
         "first_decoder": None if args.eta is None else {"sampler": "entropy_threshold", "eta": args.eta},
         "tasks": stats,
         "kept": len(kept_all),
