@@ -767,6 +767,13 @@ def test_canvas_widens_the_full_rows_eos_padding_to_drawn_lengths(mini_pb, tok):
             assert len(a) <= len(b) <= 200
             grown.add(len(b) - len(a))
     assert len(grown) > 2 and max(grown) > 50  # drawn lengths, not one fixed pad
+    import random
+
+    state = ((1, 2, 3), (1, 2))  # a decode-order row: its added slots are masked and never scored
+    (_, resp, _, (masked, scored)), *_ = stream.widen(
+        [([9], [5, 6, 7, 8], "full/aux/self", state)], 40, random.Random(3)
+    )
+    assert len(resp) > 4 and masked == (1, 2, 3, *range(4, len(resp))) and scored == (1, 2)
     assert _stage(canvas=256).canvas == 256 and _stage().canvas == 0
     for bad in (-1, 257, "x"):
         with pytest.raises(ValueError, match="canvas"):

@@ -296,8 +296,11 @@ class RowStream:
         out = []
         for prompt, resp, label, *state in rows:
             if label.startswith("full/") and len(resp) < canvas:
-                resp = resp + [eos] * (rng.randint(len(resp), canvas) - len(resp))
-            out.append((prompt, resp, label, *state))  # a state's slots index the response's start: unchanged
+                wider = resp + [eos] * (rng.randint(len(resp), canvas) - len(resp))
+                if state:  # a decode-order row's new slots are still masked, as at decode time (never scored)
+                    state = [(state[0][0] + tuple(range(len(resp), len(wider))), state[0][1])]
+                resp = wider
+            out.append((prompt, resp, label, *state))
         return out
 
     def filler(self, task: str, rng: random.Random, gap: int) -> str:
