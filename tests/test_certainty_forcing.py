@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 
 import dlm_decode
 from recipes.certainty_forcing import train as cf_train
-from recipes.certainty_forcing.evaluate import one_per_step, parallel_decoding
+from recipes.certainty_forcing.evaluate import one_per_step, parallel_decoding, threshold_decoding
 from recipes.certainty_forcing.lora import LORA_TARGETS, add_lora, export, merge
 from recipes.certainty_forcing.losses import certainty_forcing_loss, view_terms
 from recipes.certainty_forcing.masking import complementary_views, example_ratios, example_uniforms
@@ -629,9 +629,7 @@ def test_trajectories_states_are_the_models_own_decoding_states(threshold, tmp_p
     assert meta["states"] == 2 and meta["states_threshold"] == threshold and len(rows) == meta["kept"] == kept
     assert sum(r["repaired"] for r in rows) == repaired
     model, tok = dlm_decode.load_model("demo-llada2")
-    decoder = one_per_step(32)
-    if threshold is not None:
-        decoder = {"sampler": "threshold", "sampler_options": {"threshold": threshold}, "block_length": 32}
+    decoder = one_per_step(32) if threshold is None else threshold_decoding(threshold)
     for r in rows:
         again = dlm_decode.generate(model, [r["prompt_ids"]], gen_length=32, **decoder).rows[0]
         seen = [i for i in range(32) if i not in r["masked"]]

@@ -85,6 +85,16 @@ def parallel_decoding(eta: float, block: int = 32) -> dict[str, Any]:
     return {"sampler": "entropy_threshold", "sampler_options": {"eta": eta}, "block_length": block, "temperature": 0.0}
 
 
+def threshold_decoding(threshold: float, block: int = 32) -> dict[str, Any]:
+    """``generate`` arguments of Fast-dLLM's parallel decoder: confidence ``threshold``, greedy, no cache."""
+    return {
+        "sampler": "threshold",
+        "sampler_options": {"threshold": threshold},
+        "block_length": block,
+        "temperature": 0.0,
+    }
+
+
 def one_per_step(gen_length: int, block: int = 32) -> dict[str, Any]:
     """The base decoder the targets come from: ``low_confidence``, steps = gen length."""
     return {"sampler": "low_confidence", "steps": gen_length, "block_length": block, "temperature": 0.0}

@@ -51,9 +51,10 @@ from dlm_decode.options import is_real
 from dlm_decode.parallelbench import valid_answers
 from dlm_decode.parallelbench.metrics import score_sample
 from recipes.certainty_forcing.common import WAITING_LINE
-from recipes.certainty_forcing.evaluate import one_per_step, parallel_decoding
+from recipes.certainty_forcing.evaluate import one_per_step, parallel_decoding, threshold_decoding
 from recipes.pb_data import DATA_ENV, data_dir
 from recipes.prompts import build_split, official_keys
+from recipes.train_demo.stream import response_canvases
 
 TRAIN_SEED, HELDOUT_SEED = 11_000_003, 13_000_007  # far from the official five-digit seeds and from train_demo's
 
@@ -135,8 +136,7 @@ def decode_task(
         if chunk:
             args = one_per_step(gl, min(block, gl))
             if states_threshold is not None:  # the states of Fast-dLLM's parallel decoder instead
-                args = {**args, "sampler": "threshold", "sampler_options": {"threshold": states_threshold}}
-                args.pop("steps")
+                args = threshold_decoding(states_threshold, min(block, gl))
             accepted, failed = decode(chunk, gl, args, "one_per_step")
             kept += accepted
             if keep_all:
@@ -146,10 +146,8 @@ def decode_task(
 
 
 def answer_canvases(tok: Any, texts: list[str], gen_length: int) -> torch.Tensor:
-    """[C, gen_length] the canvases the training rows write for ``texts``: answer, ``<|eot_id|>``, EOS padding."""
-    eot, eos = tok.convert_tokens_to_ids("<|eot_id|>"), tok.eos_token_id
-    ids = tok(texts, add_special_tokens=False)["input_ids"]
-    return torch.tensor([(x + [eot] + [eos] * gen_length)[:gen_length] for x in ids])
+    """[C, gen_length] the canvases the training rows write for ``texts`` (``stream.response_canvases``)."""
+    return torch.tensor(response_canvases(tok, texts, gen_length))
 
 
 def decode_states(
@@ -169,14 +167,13 @@ def decode_states(
         rng.shuffle(texts)
         canvases = answer_canvases(tok, texts, len(got))  # [C, L]
         last, target = None, None
-        for j in range(len(levels), -1, -1):  # the latest state some valid answer still agrees with
-            shown = (trace >= 0).nonzero().flatten() if j == len(levels) else seen[j]
-            fits = (canvases[:, shown] == got[shown]).all(1)
+        for j in range(len(levels) - 1, -1, -1):  # the latest state some valid answer still agrees with
+            fits = (canvases[:, seen[j]] == got[seen[j]]).all(1)
             if fits.any():
                 agree = torch.where(fits, (canvases == got).sum(1), torch.full_like(fits, -1, dtype=torch.long))
-                last, target = min(j, len(levels) - 1), canvases[int(agree.argmax())]
+                last, target = j, canvases[int(agree.argmax())]
                 break
-        if target is None or last < 0:
+        if target is None:
             return []
     picks = list(range(len(levels))) if last is None else list(range(last + 1))
     chosen = rng.sample(picks, min(n, len(picks)))
@@ -293,9 +290,10 @@ def decode_tasks(model: Any, tok: Any, train_rows: list[dict], parts: Path, args
                 rng=random.Random(f"states/{args.seed}/{task}"), states_threshold=args.states_threshold,
             )  # fmt: skip
             write_jsonl_atomic(part, kept)
-        correct = sum(r["score"] == 1.0 for r in kept)
         if args.states:  # rows are states; a prompt is verified when its rows target its own answer
             correct = len({tuple(r["prompt_ids"]) for r in kept if not r["repaired"]})
+        else:
+            correct = sum(r["score"] == 1.0 for r in kept)
         rate = round(correct / max(len(rows), 1), 3)
         stats[task] = {"prompts": len(rows), "verified": correct, "verified_rate": rate, "kept": len(kept)}
         if args.states:

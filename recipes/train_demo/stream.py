@@ -128,10 +128,19 @@ def encode_row(
     """(prompt ids as dlm_decode.generate builds them, response = answer, ``<|eot_id|>``, then EOS up to
     exactly ``gen_length``); ``lead``: the answer's given start, appended to the prompt ids."""
     prompt = chat_prompt_ids(tok, messages) + (list(tok(lead, add_special_tokens=False)["input_ids"]) if lead else [])
-    resp = list(tok(target, add_special_tokens=False)["input_ids"]) + [tok.convert_tokens_to_ids("<|eot_id|>")]
-    if len(resp) > gen_length:
-        raise ValueError(f"answer of {len(resp) - 1} tokens does not fit in gen_length {gen_length}: {target!r}")
-    return prompt, resp + [tok.eos_token_id] * (gen_length - len(resp))
+    return prompt, response_canvases(tok, [target], gen_length)[0]
+
+
+def response_canvases(tok: Any, targets: list[str], gen_length: int) -> list[list[int]]:
+    """Each target's response canvas: the answer's ids, ``<|eot_id|>``, then EOS up to exactly ``gen_length``
+    (the targets tokenized in one call)."""
+    eot, eos = tok.convert_tokens_to_ids("<|eot_id|>"), tok.eos_token_id
+    out = []
+    for target, ids in zip(targets, tok(targets, add_special_tokens=False)["input_ids"], strict=True):
+        if len(ids) + 1 > gen_length:
+            raise ValueError(f"answer of {len(ids)} tokens does not fit in gen_length {gen_length}: {target!r}")
+        out.append([*ids, eot] + [eos] * (gen_length - len(ids) - 1))
+    return out
 
 
 @dataclass(frozen=True)
