@@ -602,7 +602,8 @@ def test_decode_states_repair_a_copied_list_at_its_last_open_slot():
     assert len(got) == 3 and all(r["repaired"] and r["response_ids"] == want.tolist() for r in got)
     last = got[-1]
     assert last["masked"] == list(range(open_slot, 32)) and last["scored"] == list(range(open_slot, 24))
-    assert all(r["masked"][0] < open_slot for r in got[:-1])
+    assert last["next"] == [open_slot]  # the slot the copy went wrong in: the only one state_scoring next trains
+    assert all(r["masked"][0] < open_slot and r["next"] == [r["masked"][0]] for r in got[:-1])
     assert json.loads(last["text"]) == people[:2] + [word]
     mine = decode_states(row, SimpleNamespace(prompt_ids=prompt, generated_ids=want.tolist()), trace, True,
                          tok=tok, block=32, n=2, rng=_random.Random(0))  # fmt: skip
@@ -634,10 +635,12 @@ def test_trajectories_states_are_the_models_own_decoding_states(threshold, tmp_p
         again = dlm_decode.generate(model, [r["prompt_ids"]], gen_length=32, **decoder).rows[0]
         seen = [i for i in range(32) if i not in r["masked"]]
         assert [r["response_ids"][i] for i in seen] == [again.generated_ids[i] for i in seen]
+        assert r["next"] and set(r["next"]) <= set(r["scored"]) and (threshold or len(r["next"]) == 1)
         assert r["repaired"] or r["response_ids"] == again.generated_ids
         assert set(r["scored"]) <= set(r["masked"]) and r["scored"]
         assert len({(len(r["prompt_ids"]) + i) // 32 for i in r["scored"]}) == 1
         assert tok.decode(r["response_ids"], skip_special_tokens=True) == r["text"]
+    assert threshold is None or any(len(r["next"]) > 1 for r in rows)  # a parallel step commits several slots
     for bad, message in ((["--states", "-1"], ">= 0"), (["--states", "2", "--eta", "0.5"], "drop --eta"),
                          (["--states-threshold", "0.9"], "needs --states"),
                          (["--states", "2", "--states-threshold", "1.5"], r"in \(0, 1\]"),

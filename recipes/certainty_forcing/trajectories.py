@@ -28,8 +28,10 @@ Imitation Learning and Structured Prediction to No-Regret Online Learning": the 
 labels): its last step from which a valid answer could still be reached is always one of its rows, and the target is
 the answer (``parallelbench.valid_answers``) that agrees with the most of its decoded slots. Such a row also names the
 slots to score: the masked ones in the block being decoded at that step (``scored``; later blocks are masked and
-unscored, as at decode time). ``--states-threshold T`` takes the trajectories of Fast-dLLM's ``threshold`` sampler at T
-instead (several slots committed in one step form one state). ``recipes/train_demo/self_rows.py`` reads them.
+unscored, as at decode time), and the slots the decoder committed from that state (``next``, a subset of them;
+``data.state_scoring: next`` in train_demo scores only these). ``--states-threshold T`` takes the trajectories of
+Fast-dLLM's ``threshold`` sampler at T instead (several slots committed in one step form one state).
+``recipes/train_demo/self_rows.py`` reads them.
 """
 
 from __future__ import annotations
@@ -187,9 +189,11 @@ def decode_states(
         grid = (len(res.prompt_ids) + int((trace == levels[j]).nonzero()[0])) // block  # the block decoded next
         masked = sorted(set(range(len(got))) - set(seen[j].tolist()))
         scored = [i for i in masked if (len(res.prompt_ids) + i) // block == grid]
+        step = (trace == levels[j]).nonzero().flatten().tolist()  # the slots the decoder committed from this state
         out.append(
             {"task": task, "prompt_ids": res.prompt_ids, "response_ids": target.tolist(), "text": text,
-             "score": 1.0, "decoder": "state", "repaired": not verified, "masked": masked, "scored": scored}
+             "score": 1.0, "decoder": "state", "repaired": not verified, "masked": masked, "scored": scored,
+             "next": step}
         )  # fmt: skip
     return out
 

@@ -3,7 +3,8 @@
 A config has five sections (see ``configs/*.yaml``)::
 
     model:    family, attention, block_length, size (d_model ...), rope_theta, tie_embeddings, tokenizer
-    data:     short_format, short_batch, full_batch, short_share, short_icl, task_weights, self_rows, t_sampling
+    data:     short_format, short_batch, full_batch, short_share, short_icl, task_weights, self_rows, t_sampling,
+              uniform_lengths, state_scoring
     optim:    lr, warmup, stage_warmup, decay_steps, weight_decay, train_only
     stages:   a list of {kind: short | full, steps: N, tasks: [...], and per-stage options}
     run:      seed, eval_every, eval_samples, save_every, export_every, keep_exports, threads, row_workers,
@@ -88,6 +89,9 @@ class DataConfig:
     # stages up to demo-llada2's tenth): the generator's official length buckets fill over the few rows a task gets
     # in a step, first bucket first, so a task with one row a step only ever sees its shortest lists
     uniform_lengths: bool = False
+    # which slots of a decode-order self row are scored: block (its scored list: every open slot of the block being
+    # decoded) | next (its next list: the slots the decoder committed from that state)
+    state_scoring: str = "block"
 
 
 @dataclass(frozen=True)
@@ -373,6 +377,8 @@ def _check_data(d: DataConfig) -> None:
             raise ValueError(f"data.task_weights.{name} must be >= 0, got {w}")
     if d.t_sampling not in ("uniform", "stratified"):
         raise ValueError(f"data.t_sampling: {d.t_sampling!r}; choose uniform or stratified")
+    if d.state_scoring not in ("block", "next"):
+        raise ValueError(f"data.state_scoring: {d.state_scoring!r}; choose block or next")
 
 
 def _check_optim(o: OptimConfig) -> None:

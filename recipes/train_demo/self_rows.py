@@ -16,8 +16,10 @@ The other rows keep their real diversity, and the self rows are valid answers of
 samplers get wrong on these tasks (two positions filled from two different answers) is still there to measure.
 
 A decode-order row (``trajectories.py --states``) also names a state of the model's own decoding: ``masked`` (the
-response slots still masked at that step) and ``scored`` (those of the block being decoded); it is trained in that
-state instead of a random draw (``objective.py``).
+response slots still masked at that step), ``scored`` (those of the block being decoded) and ``next`` (those the
+decoder committed from that state); it is trained in that state instead of a random draw (``objective.py``), on its
+``scored`` slots, or with ``data.state_scoring: next`` on its ``next`` slots only: the choice the decoder makes
+there, without also pulling every other open slot of the block towards the one answer the row holds.
 
 ``load_self_rows`` reads ``train.jsonl`` files of ``trajectories.py`` (task, prompt_ids, response_ids, score) and
 refuses rows a stage must not train on: an unverified answer (``--keep-unverified`` runs), a response whose length is
@@ -43,6 +45,7 @@ def load_self_rows(
     vocab_size: int,
     canvas: Mapping[str, int],
     excluded_prompts: set[tuple[int, ...]],
+    state_scoring: str = "block",
 ) -> tuple[list[Row], dict[str, Any]]:
     """The rows of ``paths`` (``trajectories.py`` ``train.jsonl`` files) and a summary (rows per task, dropped, and
     ``sha256`` over the files' bytes in order: a resumed run must train on the same self rows).
@@ -50,7 +53,8 @@ def load_self_rows(
     ``canvas``: task -> its response length (the official gen length); ``excluded_prompts``: prompt ids that must
     never be trained on. Raises ``ValueError`` naming the file and line for a row that cannot be a training target
     of this model; a prompt equal to an excluded one is dropped and counted (its sample was drawn independently of
-    the exclusion list)."""
+    the exclusion list). ``state_scoring``: ``block`` scores a decode-order row's ``scored`` slots, ``next`` its
+    ``next`` slots."""
     rows: list[Row] = []
     per_task: dict[str, int] = {}
     dropped = 0
@@ -79,7 +83,7 @@ def load_self_rows(
             ids = [*prompt, *resp]
             if not ids or min(ids) < 0 or max(ids) >= vocab_size:
                 raise ValueError(f"{where}: token ids outside the tokenizer's {vocab_size}")
-            state = decode_state(r, len(resp), where)
+            state = decode_state(r, len(resp), where, state_scoring)
             if tuple(prompt) in excluded_prompts:
                 dropped += 1
                 continue
@@ -90,12 +94,18 @@ def load_self_rows(
     return rows, {"rows": len(rows), "per_task": per_task, "dropped_excluded": dropped, "sha256": digest.hexdigest()}
 
 
-def decode_state(row: Mapping[str, Any], length: int, where: str) -> tuple:
+def decode_state(row: Mapping[str, Any], length: int, where: str, scoring: str = "block") -> tuple:
     """() for an ordinary row; ``((masked, scored),)`` for a decode-order row, checked: response slot indices,
-    ``scored`` a non-empty subset of ``masked``."""
+    the slots scored (its ``scored`` list, or with ``scoring`` ``next`` its ``next`` list) a non-empty subset of
+    ``masked``."""
     if "masked" not in row and "scored" not in row:
         return ()
-    masked, scored = row.get("masked"), row.get("scored")
+    if scoring == "next" and "next" not in row:
+        raise ValueError(
+            f"{where}: data.state_scoring next needs the row's next slots; this file was written before "
+            "trajectories.py recorded them (write it again, or use state_scoring block)"
+        )
+    masked, scored = row.get("masked"), row.get("next" if scoring == "next" else "scored")
     ok = isinstance(masked, list) and isinstance(scored, list) and all(isinstance(i, int) for i in masked + scored)
     if not ok or not scored or not set(scored) <= set(masked) or min(masked) < 0 or max(masked) >= length:
         raise ValueError(

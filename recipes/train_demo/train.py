@@ -110,6 +110,7 @@ def load_rows(
             vocab_size=len(tok),
             canvas={t: max_new_tokens(t) for t in TASKS},
             excluded_prompts=excluded_prompts(pb, tok, held),
+            state_scoring=cfg.data.state_scoring,
         )
         print(f"self rows: {self_meta}")
     if resume and latest_checkpoint(out) is not None and (out / "run.json").is_file():
