@@ -186,10 +186,10 @@ def decode_states(
         raise RuntimeError(f"{task}: a target the verifier refuses ({text!r}); the answer canvas is not the model's")
     out = []
     for j in sorted(chosen):
-        grid = (len(res.prompt_ids) + int((trace == levels[j]).nonzero()[0])) // block  # the block decoded next
+        step = (trace == levels[j]).nonzero().flatten().tolist()  # the slots the decoder committed from this state
+        grid = (len(res.prompt_ids) + step[0]) // block  # the block decoded next
         masked = sorted(set(range(len(got))) - set(seen[j].tolist()))
         scored = [i for i in masked if (len(res.prompt_ids) + i) // block == grid]
-        step = (trace == levels[j]).nonzero().flatten().tolist()  # the slots the decoder committed from this state
         out.append(
             {"task": task, "prompt_ids": res.prompt_ids, "response_ids": target.tolist(), "text": text,
              "score": 1.0, "decoder": "state", "repaired": not verified, "masked": masked, "scored": scored,

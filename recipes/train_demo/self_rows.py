@@ -105,11 +105,12 @@ def decode_state(row: Mapping[str, Any], length: int, where: str, scoring: str =
             f"{where}: data.state_scoring next needs the row's next slots; this file was written before "
             "trajectories.py recorded them (write it again, or use state_scoring block)"
         )
-    masked, scored = row.get("masked"), row.get("next" if scoring == "next" else "scored")
+    key = "next" if scoring == "next" else "scored"
+    masked, scored = row.get("masked"), row.get(key)
     ok = isinstance(masked, list) and isinstance(scored, list) and all(isinstance(i, int) for i in masked + scored)
     if not ok or not scored or not set(scored) <= set(masked) or min(masked) < 0 or max(masked) >= length:
         raise ValueError(
-            f"{where}: a decode-order row needs masked and scored lists of response slots (0-{length - 1}), scored "
+            f"{where}: a decode-order row needs masked and {key} lists of response slots (0-{length - 1}), {key} "
             "a non-empty subset of masked"
         )
     return ((tuple(masked), tuple(scored)),)
