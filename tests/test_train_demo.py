@@ -1580,6 +1580,8 @@ def test_state_scoring_next_scores_the_slots_the_decoder_committed(tmp_path):
     path.write_text(json.dumps({**good, "masked": [1, 2, 3], "scored": [1, 2], "next": [2]}) + "\n")
     assert sr.load_self_rows([path], **kw)[0] == [(*row, ((1, 2, 3), (1, 2)))]
     assert sr.load_self_rows([path], state_scoring="next", **kw)[0] == [(*row, ((1, 2, 3), (2,)))]
+    with pytest.raises(ValueError, match="state_scoring 'last'; choose one of block, next"):
+        sr.load_self_rows([path], state_scoring="last", **kw)  # a direct caller's typo is not read as block
     bad = (({"next": [0]}, "non-empty subset"), ({"next": []}, "non-empty subset"), ({}, "write it again"))
     for extra, error in bad:
         path.write_text(json.dumps({**good, "masked": [1, 2, 3], "scored": [1, 2], **extra}) + "\n")

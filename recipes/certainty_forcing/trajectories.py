@@ -186,14 +186,14 @@ def decode_states(
         raise RuntimeError(f"{task}: a target the verifier refuses ({text!r}); the answer canvas is not the model's")
     out = []
     for j in sorted(chosen):
-        step = (trace == levels[j]).nonzero().flatten().tolist()  # the slots the decoder committed from this state
-        grid = (len(res.prompt_ids) + step[0]) // block  # the block decoded next
+        committed = (trace == levels[j]).nonzero().flatten().tolist()  # the slots the decoder committed from here
+        grid = (len(res.prompt_ids) + committed[0]) // block  # the block decoded next
         masked = sorted(set(range(len(got))) - set(seen[j].tolist()))
         scored = [i for i in masked if (len(res.prompt_ids) + i) // block == grid]
         out.append(
             {"task": task, "prompt_ids": res.prompt_ids, "response_ids": target.tolist(), "text": text,
              "score": 1.0, "decoder": "state", "repaired": not verified, "masked": masked, "scored": scored,
-             "next": step}
+             "next": committed}
         )  # fmt: skip
     return out
 

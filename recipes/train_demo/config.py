@@ -27,6 +27,7 @@ from typing import Any
 
 import yaml
 
+from recipes.train_demo.self_rows import STATE_SCORING
 from recipes.train_demo.stream import AUX_TASKS, SELF, STAGE_TASKS, list_lengths
 
 # the longest canvas a stage may pad to: the official prompts (up to ~240 tokens) plus this fit the demo models' 512
@@ -377,7 +378,7 @@ def _check_data(d: DataConfig) -> None:
             raise ValueError(f"data.task_weights.{name} must be >= 0, got {w}")
     if d.t_sampling not in ("uniform", "stratified"):
         raise ValueError(f"data.t_sampling: {d.t_sampling!r}; choose uniform or stratified")
-    if d.state_scoring not in ("block", "next"):
+    if d.state_scoring not in STATE_SCORING:
         raise ValueError(f"data.state_scoring: {d.state_scoring!r}; choose block or next")
 
 

@@ -94,18 +94,24 @@ def load_self_rows(
     return rows, {"rows": len(rows), "per_task": per_task, "dropped_excluded": dropped, "sha256": digest.hexdigest()}
 
 
+# data.state_scoring -> the list of a decode-order row whose slots are scored
+STATE_SCORING = {"block": "scored", "next": "next"}
+
+
 def decode_state(row: Mapping[str, Any], length: int, where: str, scoring: str = "block") -> tuple:
     """() for an ordinary row; ``((masked, scored),)`` for a decode-order row, checked: response slot indices,
     the slots scored (its ``scored`` list, or with ``scoring`` ``next`` its ``next`` list) a non-empty subset of
     ``masked``."""
     if "masked" not in row and "scored" not in row:
         return ()
-    if scoring == "next" and "next" not in row:
+    if scoring not in STATE_SCORING:
+        raise ValueError(f"state_scoring {scoring!r}; choose one of {', '.join(STATE_SCORING)}")
+    key = STATE_SCORING[scoring]
+    if key == "next" and "next" not in row:
         raise ValueError(
             f"{where}: data.state_scoring next needs the row's next slots; this file was written before "
             "trajectories.py recorded them (write it again, or use state_scoring block)"
         )
-    key = "next" if scoring == "next" else "scored"
     masked, scored = row.get("masked"), row.get(key)
     ok = isinstance(masked, list) and isinstance(scored, list) and all(isinstance(i, int) for i in masked + scored)
     if not ok or not scored or not set(scored) <= set(masked) or min(masked) < 0 or max(masked) >= length:
