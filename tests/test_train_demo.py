@@ -1301,7 +1301,7 @@ def test_config_files_overrides_and_bad_configs_name_the_key(tmp_path):
         "- 1\n": "expected a mapping of sections",
         "model: {tokenizer: t\n": "not valid YAML",
         "model: {tokenizer: t}\noptim: {train_only: []}\n": "optim.train_only: give at least one",
-        "model: {tokenizer: t}\ndata: {state_scoring: last}\n": "data.state_scoring: 'last'; choose block or next",
+        "model: {tokenizer: t}\ndata: {state_scoring: last}\n": "data.state_scoring: 'last'; choose one of block, next",
         "model: {tokenizer: t}\nstages: {kind: short}\n": "stages: give a non-empty list",
     }
     for text, message in bad.items():

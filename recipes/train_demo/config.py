@@ -379,7 +379,7 @@ def _check_data(d: DataConfig) -> None:
     if d.t_sampling not in ("uniform", "stratified"):
         raise ValueError(f"data.t_sampling: {d.t_sampling!r}; choose uniform or stratified")
     if d.state_scoring not in STATE_SCORING:
-        raise ValueError(f"data.state_scoring: {d.state_scoring!r}; choose block or next")
+        raise ValueError(f"data.state_scoring: {d.state_scoring!r}; choose one of {', '.join(STATE_SCORING)}")
 
 
 def _check_optim(o: OptimConfig) -> None:
