@@ -1222,6 +1222,7 @@ def test_demo_llada2_configs_load_as_the_shipped_runs_were_set(monkeypatch):
     tenth = cf.load_config(configs / "demo-llada2-stage10.yaml", init)
     eleventh = cf.load_config(configs / "demo-llada2-stage11.yaml", init)
     twelfth = cf.load_config(configs / "demo-llada2-stage12.yaml", init)
+    thirteenth = cf.load_config(configs / "demo-llada2-stage13.yaml", init)
     final = cf.load_config(configs / "demo-llada2.yaml", init)
     assert final.model.family == "llada2" and final.model.attention == "block_causal" and final.model.block_length == 32
     assert second.total_steps == 1675 and third.total_steps == 2400 and third.optim.decay_steps == 600
@@ -1266,16 +1267,25 @@ def test_demo_llada2_configs_load_as_the_shipped_runs_were_set(monkeypatch):
     assert eleventh.stages == tenth.stages and eleventh.optim == tenth.optim and eleventh.run.seed == 4663
     assert eleventh.data == dataclasses.replace(tenth.data, uniform_lengths=True) and not tenth.data.uniform_lengths
     # the twelfth (in the loop above): the eleventh with two more of demo-llada's self-row files and nothing else; the
-    # final: the twelfth with two files of the twelfth stage's own answers, self 28 -> 36 and half the rate
+    # thirteenth: the twelfth with two files of the twelfth stage's own answers, self 28 -> 36 and half the rate
     assert twelfth.data == dataclasses.replace(eleventh.data, self_rows=twelfth.data.self_rows)
-    assert final.stages == twelfth.stages
+    assert thirteenth.stages == twelfth.stages
     own = ("runs/self/traj-l2-shuffle/train.jsonl", "runs/self/traj-l2-random/train.jsonl")
-    assert final.data.self_rows == (*twelfth.data.self_rows, *own) and final.run.seed == 4670
-    assert final.data.task_weights == {**twelfth.data.task_weights, "self": 36.0}
-    assert final.optim == dataclasses.replace(twelfth.optim, lr=twelfth.optim.lr / 2) and final.total_steps == 2400
+    assert thirteenth.data.self_rows == (*twelfth.data.self_rows, *own) and thirteenth.run.seed == 4670
+    assert thirteenth.data.task_weights == {**twelfth.data.task_weights, "self": 36.0}
+    assert thirteenth.optim == dataclasses.replace(twelfth.optim, lr=twelfth.optim.lr / 2)
+    assert thirteenth.total_steps == 2400
+    # the final: the thirteenth with its self rows replaced by the thirteenth stage's own verified shuffle answers
+    # and its decode-order rows (every open slot of the block scored), self 36 -> 54, the same rate, its own seed
+    rows = {n: f"runs/self/{n}/train.jsonl" for n in ("traj-l3-shuffle", "states-1", "states-2", "states-3")}
+    listed = (*[rows["traj-l3-shuffle"]] * 4, *[rows["states-1"]] * 2, rows["states-2"], rows["states-3"])
+    assert final.stages == thirteenth.stages and final.optim == thirteenth.optim and final.total_steps == 2400
+    weights = {**thirteenth.data.task_weights, "self": 54.0}
+    assert final.data == dataclasses.replace(thirteenth.data, self_rows=listed, task_weights=weights)
+    assert final.data.state_scoring == "block" and final.run.seed == 4730
     # the card links every earlier stage's config, in the order they ran, and not the final one
     stages = sorted((p.name for p in configs.glob("demo-llada2-stage*.yaml")), key=lambda n: int(n[17:-5]))
-    assert cd.EARLIER_STAGES == tuple(stages) and len(stages) == 12
+    assert cd.EARLIER_STAGES == tuple(stages) and len(stages) == 13
 
 
 def test_config_files_overrides_and_bad_configs_name_the_key(tmp_path):
