@@ -1312,6 +1312,7 @@ def test_config_files_overrides_and_bad_configs_name_the_key(tmp_path):
         "model: {tokenizer: t\n": "not valid YAML",
         "model: {tokenizer: t}\noptim: {train_only: []}\n": "optim.train_only: give at least one",
         "model: {tokenizer: t}\ndata: {state_scoring: last}\n": "data.state_scoring: 'last'; choose one of block, next",
+        "model: {tokenizer: t}\ndata: {shuffle_answer: sorted}\n": "shuffle_answer: 'sorted'; choose one of random",
         "model: {tokenizer: t}\nstages: {kind: short}\n": "stages: give a non-empty list",
     }
     for text, message in bad.items():
@@ -1597,6 +1598,60 @@ def test_state_scoring_next_scores_the_slots_the_decoder_committed(tmp_path):
         path.write_text(json.dumps({**good, "masked": [1, 2, 3], "scored": [1, 2], **extra}) + "\n")
         with pytest.raises(ValueError, match=error):
             sr.load_self_rows([path], state_scoring="next", **kw)
+
+
+def test_a_fixed_shuffle_answer_trains_one_valid_order_and_leaves_every_other_row_as_it_was(mini_pb, tok):
+    """data.shuffle_answer: shuffle's rows (short and full, the prompt unchanged) take the rule's one order of their
+    list, a valid answer by the benchmark's own metric; every other row of the step is byte-identical to the random
+    draw's, so the option changes shuffle's targets and nothing else."""
+    from dlm_decode.parallelbench.metrics import list_shuffle_score
+
+    stream = st.RowStream(mini_pb, tok, seed=0)
+    people = ["Ann Lee", "Bo Kim", "Cy Fox", "Di Ray"]
+    sample = {"answer": {"input": people}}
+    assert st.fixed_shuffle(sample, "swap_first") == list_to_str(["Bo Kim", "Ann Lee", "Cy Fox", "Di Ray"])
+    assert st.fixed_shuffle(sample, "rotate") == list_to_str(["Bo Kim", "Cy Fox", "Di Ray", "Ann Lee"])
+    for rule in st.SHUFFLE_RULES:
+        assert list_shuffle_score(st.fixed_shuffle(sample, rule), sample["answer"]) == 1.0
+    with pytest.raises(ValueError, match="first two people differ"):
+        st.fixed_shuffle({"answer": {"input": ["Ann Lee", "Ann Lee", "Bo Kim"]}}, "rotate")
+    with pytest.raises(ValueError, match="choose one of random, swap_first, rotate"):
+        st.fixed_shuffle(sample, "sort")
+    tasks = ("waiting_line/shuffle", "waiting_line/copy", "waiting_line/insert_random")
+    base = st.Mix(batch=24, short_share=0.5, tasks=tasks)
+    drawn = stream.rows(3, base)
+    n_shuffle = 0
+    for rule in st.SHUFFLE_RULES:
+        fixed = stream.rows(3, dataclasses.replace(base, shuffle_answer=rule))
+        assert [(p, t) for p, _, t in fixed] == [(p, t) for p, _, t in drawn]  # the same prompts, in the same order
+        for (prompt, resp, task), (_, resp0, _) in zip(fixed, drawn, strict=True):
+            if not task.endswith("/shuffle"):
+                assert resp == resp0
+                continue
+            n_shuffle += 1
+            listed = re.findall(r"\[[^\[\]]*\]", tok.decode(prompt))[-1]  # the list to shuffle, last in the prompt
+            want = st.fixed_shuffle({"answer": {"input": json.loads(listed)}}, rule)
+            assert tok.decode(resp).startswith(want + "<|eot_id|>"), (rule, tok.decode(resp))
+    assert n_shuffle >= 4  # shuffle rows were in the step (short and full), so the checks above ran on some
+    assert stream.rows(3, base) == drawn  # the option left the random draw itself alone
+    cfg = cf.config_from_dict({"model": {"tokenizer": "t"}, "data": {"shuffle_answer": "rotate"}})
+    assert tr.mix_for(cfg, _stage()).shuffle_answer == "rotate"  # the config's choice reaches the stream's mix
+
+
+def test_a_fixed_shuffle_answer_drops_the_self_rows_other_orders(tmp_path):
+    """The self rows' shuffle answers are other valid orders than the rule's, so a fixed-answer run skips them (and
+    counts them); a file of shuffle rows alone leaves no row, which stops the run with the file named."""
+    path = tmp_path / "train.jsonl"
+    kw = {"vocab_size": 20, "canvas": {"waiting_line/copy": 2, "waiting_line/shuffle": 2}, "excluded_prompts": set()}
+    rows = [{"task": t, "prompt_ids": [5, i], "response_ids": [7, 8], "score": 1.0} for i, t in
+            enumerate(["waiting_line/shuffle", "waiting_line/copy", "waiting_line/shuffle"])]  # fmt: skip
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    got, meta = sr.load_self_rows([path], skip_tasks=("waiting_line/shuffle",), **kw)
+    assert got == [([5, 1], [7, 8], "waiting_line/copy")] and meta["skipped_tasks"] == 2
+    assert len(sr.load_self_rows([path], **kw)[0]) == 3 and "skipped_tasks" not in sr.load_self_rows([path], **kw)[1]
+    path.write_text(json.dumps(rows[0]) + "\n")
+    with pytest.raises(ValueError, match="no usable row in .*train.jsonl"):
+        sr.load_self_rows([path], skip_tasks=("waiting_line/shuffle",), **kw)
 
 
 def test_whole_names_and_grow_after_run_through_the_trainer(tok, tmp_path, mini_pb):

@@ -4,7 +4,7 @@ A config has five sections (see ``configs/*.yaml``)::
 
     model:    family, attention, block_length, size (d_model ...), rope_theta, tie_embeddings, tokenizer
     data:     short_format, short_batch, full_batch, short_share, short_icl, task_weights, self_rows, t_sampling,
-              uniform_lengths, state_scoring
+              uniform_lengths, state_scoring, shuffle_answer
     optim:    lr, warmup, stage_warmup, decay_steps, weight_decay, train_only
     stages:   a list of {kind: short | full, steps: N, tasks: [...], and per-stage options}
     run:      seed, eval_every, eval_samples, save_every, export_every, keep_exports, threads, row_workers,
@@ -28,7 +28,7 @@ from typing import Any
 import yaml
 
 from recipes.train_demo.self_rows import STATE_SCORING
-from recipes.train_demo.stream import AUX_TASKS, SELF, STAGE_TASKS, list_lengths
+from recipes.train_demo.stream import AUX_TASKS, SELF, SHUFFLE_ANSWERS, STAGE_TASKS, list_lengths
 
 # the longest canvas a stage may pad to: the official prompts (up to ~240 tokens) plus this fit the demo models' 512
 MAX_CANVAS = 256
@@ -93,6 +93,9 @@ class DataConfig:
     # which slots of a decode-order self row are scored: block (its scored list: every open slot of the block being
     # decoded) | next (its next list: the slots the decoder committed from that state)
     state_scoring: str = "block"
+    # shuffle's training target: random (a fresh valid order per row) | swap_first | rotate (stream.SHUFFLE_RULES:
+    # one fixed valid order per list); a fixed rule also drops the self rows' shuffle answers, which are other orders
+    shuffle_answer: str = "random"
 
 
 @dataclass(frozen=True)
@@ -380,6 +383,8 @@ def _check_data(d: DataConfig) -> None:
         raise ValueError(f"data.t_sampling: {d.t_sampling!r}; choose uniform or stratified")
     if d.state_scoring not in STATE_SCORING:
         raise ValueError(f"data.state_scoring: {d.state_scoring!r}; choose one of {', '.join(STATE_SCORING)}")
+    if d.shuffle_answer not in SHUFFLE_ANSWERS:
+        raise ValueError(f"data.shuffle_answer: {d.shuffle_answer!r}; choose one of {', '.join(SHUFFLE_ANSWERS)}")
 
 
 def _check_optim(o: OptimConfig) -> None:

@@ -14,6 +14,8 @@ these models, whose targets are the same trajectories, lifted shuffle from 80 to
 
 The other rows keep their real diversity, and the self rows are valid answers of the task: what the parallel
 samplers get wrong on these tasks (two positions filled from two different answers) is still there to measure.
+A run with a fixed shuffle answer (``data.shuffle_answer``, ``stream.fixed_shuffle``) skips the files' shuffle rows:
+they hold other valid orders than the one its shuffle rows are trained on.
 
 A decode-order row (``trajectories.py --states``) also names a state of the model's own decoding: ``masked`` (the
 response slots still masked at that step), ``scored`` (those of the block being decoded) and ``next`` (those the
@@ -46,6 +48,7 @@ def load_self_rows(
     canvas: Mapping[str, int],
     excluded_prompts: set[tuple[int, ...]],
     state_scoring: str = "block",
+    skip_tasks: Sequence[str] = (),
 ) -> tuple[list[Row], dict[str, Any]]:
     """The rows of ``paths`` (``trajectories.py`` ``train.jsonl`` files) and a summary (rows per task, dropped, and
     ``sha256`` over the files' bytes in order: a resumed run must train on the same self rows).
@@ -54,10 +57,11 @@ def load_self_rows(
     never be trained on. Raises ``ValueError`` naming the file and line for a row that cannot be a training target
     of this model; a prompt equal to an excluded one is dropped and counted (its sample was drawn independently of
     the exclusion list). ``state_scoring``: ``block`` scores a decode-order row's ``scored`` slots, ``next`` its
-    ``next`` slots."""
+    ``next`` slots. ``skip_tasks``: tasks whose rows are dropped and counted (``data.shuffle_answer``'s fixed
+    order makes the files' shuffle answers, other valid orders, targets the stage must not train on)."""
     rows: list[Row] = []
     per_task: dict[str, int] = {}
-    dropped = 0
+    dropped = skipped = 0
     digest = hashlib.sha256()
     for path in paths:
         path = Path(path)
@@ -84,6 +88,9 @@ def load_self_rows(
             if not ids or min(ids) < 0 or max(ids) >= vocab_size:
                 raise ValueError(f"{where}: token ids outside the tokenizer's {vocab_size}")
             state = decode_state(r, len(resp), where, state_scoring)
+            if task in skip_tasks:
+                skipped += 1
+                continue
             if tuple(prompt) in excluded_prompts:
                 dropped += 1
                 continue
@@ -91,7 +98,8 @@ def load_self_rows(
             per_task[task] = per_task.get(task, 0) + 1
     if not rows:
         raise ValueError(f"--self-rows: no usable row in {', '.join(map(str, paths))}")
-    return rows, {"rows": len(rows), "per_task": per_task, "dropped_excluded": dropped, "sha256": digest.hexdigest()}
+    summary = {"rows": len(rows), "per_task": per_task, "dropped_excluded": dropped, "sha256": digest.hexdigest()}
+    return rows, {**summary, "skipped_tasks": skipped} if skip_tasks else summary
 
 
 # data.state_scoring -> the list of a decode-order row whose slots are scored

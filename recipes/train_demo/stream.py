@@ -27,6 +27,8 @@ that are functions of (run seed, step), so every batch is reproducible and a res
 
 Targets are drawn by ``random_answer`` afresh for every row: the random-output tasks (shuffle, insert / remove /
 replace at random, latin square) keep their real diversity (any valid answer), the others get their unique answer.
+``data.shuffle_answer`` (``Mix.shuffle_answer``) can give shuffle one fixed valid answer instead (``fixed_shuffle``):
+the prompts, in-context example included, stay the official ones; only the target is no longer a distribution.
 Samples whose ``sample_key`` is in ``exclude`` (the official test samples and the held-out eval samples) are never
 produced, so neither is trained on.
 """
@@ -167,10 +169,33 @@ class Mix:
     # full rows' responses padded with EOS to a length drawn uniformly in [the task's canvas, canvas]; 0: the task's
     # own canvas (the official gen length), as the shipped models were trained
     canvas: int = 0
+    # shuffle's target: "random" (a uniform draw among the valid orders, every shipped stage so far) or one of
+    # fixed_shuffle's rules, the same valid order for every row of a list
+    shuffle_answer: str = "random"
 
     def for_aux(self) -> Mix:
         """The mix a training-only row is built with: ``aux_pad`` in place of ``pad`` when it is set."""
         return self if self.aux_pad is None else replace(self, pad=self.aux_pad)
+
+
+# data.shuffle_answer's rules: the people of a list -> the one order a fixed-answer shuffle row is trained on
+SHUFFLE_RULES = {
+    "swap_first": lambda people: [people[1], people[0], *people[2:]],  # the first two swapped, the rest in place
+    "rotate": lambda people: [*people[1:], people[0]],  # every person one place forward, the first last
+}
+SHUFFLE_ANSWERS = ("random", *SHUFFLE_RULES)
+
+
+def fixed_shuffle(sample: Mapping[str, Any], rule: str) -> str:
+    """Shuffle's answer text for ``sample`` under ``rule`` (``SHUFFLE_RULES``): a valid answer (the same people in
+    another order) whenever the list's first two people differ, which the generator's lists of distinct names
+    always do; a ValueError otherwise, since the rule's order would then be the original one."""
+    people = list(sample["answer"]["input"])
+    if rule not in SHUFFLE_RULES:
+        raise ValueError(f"shuffle_answer {rule!r}; choose one of {', '.join(SHUFFLE_ANSWERS)}")
+    if len(people) < 2 or people[0] == people[1]:
+        raise ValueError(f"a fixed shuffle needs a list whose first two people differ, not {people}")
+    return list_to_str(SHUFFLE_RULES[rule](people))
 
 
 class RowStream:
@@ -258,13 +283,22 @@ class RowStream:
                 if task in VARIANTS:
                     s = self.variant_sample(task, s, answer_rng)
                 row = self.task_row(
-                    source, kind, s, random_answer(source, s, answer_rng), gen_length, mix, icl_rng, gap_rng
+                    source, kind, s, self.target(source, s, mix, answer_rng), gen_length, mix, icl_rng, gap_rng
                 )
                 out.append((*row, f"{kind}/{task}"))
         if mix.canvas:
             out = self.widen(out, mix.canvas, random.Random(f"canvas/{self.seed}/{step}"))
         rng.shuffle(out)
         return out
+
+    @staticmethod
+    def target(task: str, sample: Mapping[str, Any], mix: Mix, rng: random.Random) -> str:
+        """A benchmark row's answer: shuffle's fixed order under ``mix.shuffle_answer``, else ``random_answer``'s
+        draw (which still takes ``rng``'s draw for shuffle, so the other rows of a step are unchanged)."""
+        drawn = random_answer(task, sample, rng)
+        if task == "waiting_line/shuffle" and mix.shuffle_answer != "random":
+            return fixed_shuffle(sample, mix.shuffle_answer)
+        return drawn
 
     def task_row(
         self,

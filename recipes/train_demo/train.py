@@ -111,6 +111,7 @@ def load_rows(
             canvas={t: max_new_tokens(t) for t in TASKS},
             excluded_prompts=excluded_prompts(pb, tok, held),
             state_scoring=cfg.data.state_scoring,
+            skip_tasks=() if cfg.data.shuffle_answer == "random" else ("waiting_line/shuffle",),
         )
         print(f"self rows: {self_meta}")
     if resume and latest_checkpoint(out) is not None and (out / "run.json").is_file():
@@ -220,6 +221,7 @@ def mix_for(cfg: TrainConfig, stage: Stage) -> Mix:
         "uniform_lengths": d.uniform_lengths,
         "aux_pad": stage.aux_pad,
         "canvas": stage.canvas,
+        "shuffle_answer": d.shuffle_answer,
     }
     task_weights = tuple(weights.get(t, 1.0) for t in tasks)
     if stage.kind == "short":
