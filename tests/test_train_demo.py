@@ -1613,9 +1613,11 @@ def test_a_fixed_shuffle_answer_trains_one_valid_order_and_leaves_every_other_ro
     assert st.fixed_shuffle(sample, "rotate") == list_to_str(["Bo Kim", "Cy Fox", "Di Ray", "Ann Lee"])
     for rule in st.SHUFFLE_RULES:
         assert list_shuffle_score(st.fixed_shuffle(sample, rule), sample["answer"]) == 1.0
-    with pytest.raises(ValueError, match="first two people differ"):
-        st.fixed_shuffle({"answer": {"input": ["Ann Lee", "Ann Lee", "Bo Kim"]}}, "rotate")
-    with pytest.raises(ValueError, match="choose one of random, swap_first, rotate"):
+    assert st.fixed_shuffle(sample, "reverse") == list_to_str(people[::-1])
+    for rule, same in (("rotate", ["Ann Lee", "Ann Lee"]), ("reverse", ["Ann Lee", "Bo Kim", "Ann Lee"])):
+        with pytest.raises(ValueError, match="in its order, which is not a shuffle"):
+            st.fixed_shuffle({"answer": {"input": same}}, rule)
+    with pytest.raises(ValueError, match="choose one of random, swap_first, rotate, reverse"):
         st.fixed_shuffle(sample, "sort")
     tasks = ("waiting_line/shuffle", "waiting_line/copy", "waiting_line/insert_random")
     base = st.Mix(batch=24, short_share=0.5, tasks=tasks)

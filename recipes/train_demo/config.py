@@ -93,8 +93,9 @@ class DataConfig:
     # which slots of a decode-order self row are scored: block (its scored list: every open slot of the block being
     # decoded) | next (its next list: the slots the decoder committed from that state)
     state_scoring: str = "block"
-    # shuffle's training target: random (a fresh valid order per row) | swap_first | rotate (stream.SHUFFLE_RULES:
-    # one fixed valid order per list); a fixed rule also drops the self rows' shuffle answers, which are other orders
+    # shuffle's training target: random (a fresh valid order per row) | swap_first | rotate | reverse
+    # (stream.SHUFFLE_RULES: one fixed valid order per list); a fixed rule also drops the self rows' shuffle answers,
+    # which are other orders
     shuffle_answer: str = "random"
 
 

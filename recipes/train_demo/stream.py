@@ -182,20 +182,22 @@ class Mix:
 SHUFFLE_RULES = {
     "swap_first": lambda people: [people[1], people[0], *people[2:]],  # the first two swapped, the rest in place
     "rotate": lambda people: [*people[1:], people[0]],  # every person one place forward, the first last
+    "reverse": lambda people: people[::-1],  # reverse's answer, which the model already writes for that task
 }
 SHUFFLE_ANSWERS = ("random", *SHUFFLE_RULES)
 
 
 def fixed_shuffle(sample: Mapping[str, Any], rule: str) -> str:
     """Shuffle's answer text for ``sample`` under ``rule`` (``SHUFFLE_RULES``): a valid answer (the same people in
-    another order) whenever the list's first two people differ, which the generator's lists of distinct names
-    always do; a ValueError otherwise, since the rule's order would then be the original one."""
+    another order) whenever the rule moves someone, which on the generator's lists of distinct names every rule
+    does; a ValueError otherwise, since the rule's order would then be the original one."""
     people = list(sample["answer"]["input"])
     if rule not in SHUFFLE_RULES:
         raise ValueError(f"shuffle_answer {rule!r}; choose one of {', '.join(SHUFFLE_ANSWERS)}")
-    if len(people) < 2 or people[0] == people[1]:
-        raise ValueError(f"a fixed shuffle needs a list whose first two people differ, not {people}")
-    return list_to_str(SHUFFLE_RULES[rule](people))
+    order = SHUFFLE_RULES[rule](people)
+    if order == people:
+        raise ValueError(f"shuffle_answer {rule} leaves {people} in its order, which is not a shuffle")
+    return list_to_str(order)
 
 
 class RowStream:
