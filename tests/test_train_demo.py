@@ -1223,6 +1223,7 @@ def test_demo_llada2_configs_load_as_the_shipped_runs_were_set(monkeypatch):
     eleventh = cf.load_config(configs / "demo-llada2-stage11.yaml", init)
     twelfth = cf.load_config(configs / "demo-llada2-stage12.yaml", init)
     thirteenth = cf.load_config(configs / "demo-llada2-stage13.yaml", init)
+    fourteenth = cf.load_config(configs / "demo-llada2-stage14.yaml", init)
     final = cf.load_config(configs / "demo-llada2.yaml", init)
     assert final.model.family == "llada2" and final.model.attention == "block_causal" and final.model.block_length == 32
     assert second.total_steps == 1675 and third.total_steps == 2400 and third.optim.decay_steps == 600
@@ -1275,17 +1276,29 @@ def test_demo_llada2_configs_load_as_the_shipped_runs_were_set(monkeypatch):
     assert thirteenth.data.task_weights == {**twelfth.data.task_weights, "self": 36.0}
     assert thirteenth.optim == dataclasses.replace(twelfth.optim, lr=twelfth.optim.lr / 2)
     assert thirteenth.total_steps == 2400
-    # the final: the thirteenth with its self rows replaced by the thirteenth stage's own verified shuffle answers
-    # and its decode-order rows (every open slot of the block scored), self 36 -> 54, the same rate, its own seed
+    # the fourteenth: the thirteenth with its self rows replaced by the thirteenth stage's own verified shuffle
+    # answers and its decode-order rows (every open slot of the block scored), self 36 -> 54, the same rate, own seed
     rows = {n: f"runs/self/{n}/train.jsonl" for n in ("traj-l3-shuffle", "states-1", "states-2", "states-3")}
     listed = (*[rows["traj-l3-shuffle"]] * 4, *[rows["states-1"]] * 2, rows["states-2"], rows["states-3"])
-    assert final.stages == thirteenth.stages and final.optim == thirteenth.optim and final.total_steps == 2400
+    assert fourteenth.stages == thirteenth.stages and fourteenth.optim == thirteenth.optim
     weights = {**thirteenth.data.task_weights, "self": 54.0}
-    assert final.data == dataclasses.replace(thirteenth.data, self_rows=listed, task_weights=weights)
-    assert final.data.state_scoring == "block" and final.run.seed == 4730
+    assert fourteenth.data == dataclasses.replace(thirteenth.data, self_rows=listed, task_weights=weights)
+    assert fourteenth.data.state_scoring == "block" and fourteenth.run.seed == 4730 and fourteenth.total_steps == 2400
+    # the final: the fourteenth with shuffle trained on one fixed order (rotate), its files without the verified
+    # shuffle answers (all of them shuffle rows, which the fixed order skips: the same rows), shuffle 3 -> 18 and
+    # self 54 -> 36, half the steps (the same rate and decay), its own seed
+    assert final.data == dataclasses.replace(
+        fourteenth.data,
+        self_rows=listed[4:],
+        task_weights={**fourteenth.data.task_weights, "shuffle": 18.0, "self": 36.0},
+        shuffle_answer="rotate",
+    )
+    (stage,) = final.stages
+    assert stage == dataclasses.replace(fourteenth.stages[0], steps=1200) and final.optim == fourteenth.optim
+    assert final.run.seed == 4751 and fourteenth.data.shuffle_answer == "random"
     # the card links every earlier stage's config, in the order they ran, and not the final one
     stages = sorted((p.name for p in configs.glob("demo-llada2-stage*.yaml")), key=lambda n: int(n[17:-5]))
-    assert cd.EARLIER_STAGES == tuple(stages) and len(stages) == 13
+    assert cd.EARLIER_STAGES == tuple(stages) and len(stages) == 14
 
 
 def test_config_files_overrides_and_bad_configs_name_the_key(tmp_path):
