@@ -1627,7 +1627,8 @@ def test_a_fixed_shuffle_answer_trains_one_valid_order_and_leaves_every_other_ro
     for rule in st.SHUFFLE_RULES:
         assert list_shuffle_score(st.fixed_shuffle(sample, rule), sample["answer"]) == 1.0
     assert st.fixed_shuffle(sample, "reverse") == list_to_str(people[::-1])
-    for rule, same in (("rotate", ["Ann Lee", "Ann Lee"]), ("reverse", ["Ann Lee", "Bo Kim", "Ann Lee"])):
+    for rule, same in (("rotate", ["Ann Lee", "Ann Lee"]), ("reverse", ["Ann Lee", "Bo Kim", "Ann Lee"]),
+                       ("swap_first", ["Ann Lee"])):  # fmt: skip
         with pytest.raises(ValueError, match="in its order, which is not a shuffle"):
             st.fixed_shuffle({"answer": {"input": same}}, rule)
     with pytest.raises(ValueError, match="choose one of random, swap_first, rotate, reverse"):

@@ -194,7 +194,7 @@ def fixed_shuffle(sample: Mapping[str, Any], rule: str) -> str:
     people = list(sample["answer"]["input"])
     if rule not in SHUFFLE_RULES:
         raise ValueError(f"shuffle_answer {rule!r}; choose one of {', '.join(SHUFFLE_ANSWERS)}")
-    order = SHUFFLE_RULES[rule](people)
+    order = SHUFFLE_RULES[rule](people) if len(people) > 1 else people
     if order == people:
         raise ValueError(f"shuffle_answer {rule} leaves {people} in its order, which is not a shuffle")
     return list_to_str(order)
