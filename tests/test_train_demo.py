@@ -1650,6 +1650,7 @@ def test_a_fixed_shuffle_answer_trains_one_valid_order_and_leaves_every_other_ro
             assert tok.decode(resp).startswith(want + "<|eot_id|>"), (rule, tok.decode(resp))
     assert n_shuffle >= 4  # shuffle rows were in the step (short and full), so the checks above ran on some
     assert stream.rows(3, base) == drawn  # the option left the random draw itself alone
+    assert st.fixed_answer_tasks("rotate") == ("waiting_line/shuffle",) and st.fixed_answer_tasks("random") == ()
     cfg = cf.config_from_dict({"model": {"tokenizer": "t"}, "data": {"shuffle_answer": "rotate"}})
     assert tr.mix_for(cfg, _stage()).shuffle_answer == "rotate"  # the config's choice reaches the stream's mix
 
@@ -1664,7 +1665,8 @@ def test_a_fixed_shuffle_answer_drops_the_self_rows_other_orders(tmp_path):
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     got, meta = sr.load_self_rows([path], skip_tasks=("waiting_line/shuffle",), **kw)
     assert got == [([5, 1], [7, 8], "waiting_line/copy")] and meta["skipped_tasks"] == 2
-    assert len(sr.load_self_rows([path], **kw)[0]) == 3 and "skipped_tasks" not in sr.load_self_rows([path], **kw)[1]
+    got, meta = sr.load_self_rows([path], **kw)
+    assert len(got) == 3 and "skipped_tasks" not in meta
     path.write_text(json.dumps(rows[0]) + "\n")
     with pytest.raises(ValueError, match="no usable row in .*train.jsonl"):
         sr.load_self_rows([path], skip_tasks=("waiting_line/shuffle",), **kw)

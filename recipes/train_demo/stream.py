@@ -185,6 +185,13 @@ SHUFFLE_RULES = {
     "reverse": lambda people: people[::-1],  # reverse's answer, which the model already writes for that task
 }
 SHUFFLE_ANSWERS = ("random", *SHUFFLE_RULES)
+SHUFFLE = "waiting_line/shuffle"
+
+
+def fixed_answer_tasks(shuffle_answer: str) -> tuple[str, ...]:
+    """The tasks whose rows ``shuffle_answer`` trains on one fixed order (so their self rows, other orders, are
+    skipped): shuffle under a rule, none under ``random``."""
+    return () if shuffle_answer == "random" else (SHUFFLE,)
 
 
 def fixed_shuffle(sample: Mapping[str, Any], rule: str) -> str:
@@ -298,7 +305,7 @@ class RowStream:
         """A benchmark row's answer: shuffle's fixed order under ``mix.shuffle_answer``, else ``random_answer``'s
         draw (which still takes ``rng``'s draw for shuffle, so the other rows of a step are unchanged)."""
         drawn = random_answer(task, sample, rng)
-        if task == "waiting_line/shuffle" and mix.shuffle_answer != "random":
+        if task in fixed_answer_tasks(mix.shuffle_answer):
             return fixed_shuffle(sample, mix.shuffle_answer)
         return drawn
 
