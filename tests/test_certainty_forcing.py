@@ -610,6 +610,34 @@ def test_decode_states_repair_a_copied_list_at_its_last_open_slot():
     assert len(mine) == 2 and all(not r["repaired"] and r["response_ids"] == want.tolist() for r in mine)
 
 
+def test_decode_states_under_a_fixed_shuffle_rule_target_the_rules_order():
+    """--shuffle-answer rotate: a shuffle trajectory in another valid order is not verified but repaired towards the
+    rotated list at its last state that order still agrees with; one that wrote the rotated list keeps its answer;
+    every row names the rule, and the rule leaves other tasks' rows unmarked."""
+    import random as _random
+    from types import SimpleNamespace
+
+    from recipes.certainty_forcing.trajectories import answer_canvases, decode_states
+
+    tok = dlm_decode.load_model("demo-llada2")[1]
+    people = ["Paul Payne", "Robert Riley", "Peter Stone", "Juan Torres"]
+    row = {"task": "waiting_line/shuffle", "sample": json.dumps({"answer": {"input": people}})}
+    rotated, swapped = [*people[1:], people[0]], [people[1], people[0], *people[2:]]
+    want = answer_canvases(tok, [json.dumps(rotated)], 48)[0]
+    other = answer_canvases(tok, [json.dumps(swapped)], 48)[0]
+    prompt, trace = list(range(100, 140)), torch.arange(48)  # committed left to right
+    kw = {"tok": tok, "block": 32, "n": 3, "rng": _random.Random(0), "rule": "rotate"}
+    got = decode_states(row, SimpleNamespace(prompt_ids=prompt, generated_ids=other.tolist()), trace, True, **kw)
+    split = int((want != other).nonzero()[0])  # the first slot where the swap leaves the rotated order
+    assert got and all(r["repaired"] and r["response_ids"] == want.tolist() for r in got)
+    assert got[-1]["masked"][0] == split and all(r["answer_rule"] == "rotate" for r in got)
+    same = decode_states(row, SimpleNamespace(prompt_ids=prompt, generated_ids=want.tolist()), trace, True, **kw)
+    assert same and all(not r["repaired"] and r["response_ids"] == want.tolist() for r in same)
+    free = decode_states(row, SimpleNamespace(prompt_ids=prompt, generated_ids=other.tolist()), trace, True,
+                         **{**kw, "rule": "random"})  # fmt: skip
+    assert free and all(not r["repaired"] and "answer_rule" not in r for r in free)  # any valid order is verified
+
+
 @pytest.mark.skipif(not (SHARED_DATA / "waiting_line").is_dir(), reason="needs the ParallelBench task configs")
 @pytest.mark.parametrize("threshold", [None, 0.7])
 def test_trajectories_states_are_the_models_own_decoding_states(threshold, tmp_path):
@@ -629,6 +657,7 @@ def test_trajectories_states_are_the_models_own_decoding_states(threshold, tmp_p
     # token per step and four at 0.7, where some states hold several commits
     kept, repaired = (24, 4) if threshold is None else (21, 4)
     assert meta["states"] == 2 and meta["states_threshold"] == threshold and len(rows) == meta["kept"] == kept
+    assert meta["decode"]["sampler"] == ("low_confidence" if threshold is None else "threshold")
     assert sum(r["repaired"] for r in rows) == repaired
     model, tok = dlm_decode.load_model("demo-llada2")
     decoder = one_per_step(32) if threshold is None else threshold_decoding(threshold)
@@ -645,6 +674,7 @@ def test_trajectories_states_are_the_models_own_decoding_states(threshold, tmp_p
     for bad, message in ((["--states", "-1"], ">= 0"), (["--states", "2", "--eta", "0.5"], "drop --eta"),
                          (["--states-threshold", "0.9"], "needs --states"),
                          (["--states", "2", "--states-threshold", "1.5"], r"in \(0, 1\]"),
+                         (["--shuffle-answer", "rotate"], "give --states N with it"),
                          (["--states", "2", "--tasks", "puzzle/sudoku_n4_12"], "waiting-line tasks only")):  # fmt: skip
         with pytest.raises(ValueError, match=message):
             trajectories.main([*argv, *bad])

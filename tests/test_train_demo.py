@@ -1657,7 +1657,8 @@ def test_a_fixed_shuffle_answer_trains_one_valid_order_and_leaves_every_other_ro
 
 def test_a_fixed_shuffle_answer_drops_the_self_rows_other_orders(tmp_path):
     """The self rows' shuffle answers are other valid orders than the rule's, so a fixed-answer run skips them (and
-    counts them); a file of shuffle rows alone leaves no row, which stops the run with the file named."""
+    counts them), except rows written for that rule (``answer_rule``); a file of shuffle rows alone leaves no row,
+    which stops the run with the file named."""
     path = tmp_path / "train.jsonl"
     kw = {"vocab_size": 20, "canvas": {"waiting_line/copy": 2, "waiting_line/shuffle": 2}, "excluded_prompts": set()}
     rows = [{"task": t, "prompt_ids": [5, i], "response_ids": [7, 8], "score": 1.0} for i, t in
@@ -1667,6 +1668,12 @@ def test_a_fixed_shuffle_answer_drops_the_self_rows_other_orders(tmp_path):
     assert got == [([5, 1], [7, 8], "waiting_line/copy")] and meta["skipped_tasks"] == 2
     got, meta = sr.load_self_rows([path], **kw)
     assert len(got) == 3 and "skipped_tasks" not in meta
+    rows[2]["answer_rule"] = "rotate"  # trajectories.py --shuffle-answer rotate: the row targets the rule's order
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    got, meta = sr.load_self_rows([path], skip_tasks=("waiting_line/shuffle",), keep_rule="rotate", **kw)
+    assert [g[0] for g in got] == [[5, 1], [5, 2]] and meta["skipped_tasks"] == 1
+    got, meta = sr.load_self_rows([path], skip_tasks=("waiting_line/shuffle",), keep_rule="swap_first", **kw)
+    assert [g[0] for g in got] == [[5, 1]] and meta["skipped_tasks"] == 2  # another rule's order is still skipped
     path.write_text(json.dumps(rows[0]) + "\n")
     with pytest.raises(ValueError, match="no usable row in .*train.jsonl"):
         sr.load_self_rows([path], skip_tasks=("waiting_line/shuffle",), **kw)

@@ -31,6 +31,9 @@ slots to score: the masked ones in the block being decoded at that step (``score
 unscored, as at decode time), and the slots the decoder committed from that state (``next``, a subset of them;
 ``data.state_scoring: next`` in train_demo scores only these). ``--states-threshold T`` takes the trajectories of
 Fast-dLLM's ``threshold`` sampler at T instead (several slots committed in one step form one state).
+``--shuffle-answer RULE`` (with ``--states``) makes train_demo's fixed shuffle order (``data.shuffle_answer``) the
+expert: a shuffle trajectory counts as verified only when it wrote that order, every repair targets it, and each
+shuffle row records ``answer_rule``, which lets a stage trained on that rule keep the row.
 ``recipes/train_demo/self_rows.py`` reads them.
 """
 
@@ -56,7 +59,7 @@ from recipes.certainty_forcing.common import WAITING_LINE
 from recipes.certainty_forcing.evaluate import one_per_step, parallel_decoding, threshold_decoding
 from recipes.pb_data import DATA_ENV, data_dir
 from recipes.prompts import build_split, official_keys
-from recipes.train_demo.stream import response_canvases
+from recipes.train_demo.stream import SHUFFLE_ANSWERS, fixed_answer_tasks, fixed_shuffle, response_canvases
 
 TRAIN_SEED, HELDOUT_SEED = 11_000_003, 13_000_007  # far from the official five-digit seeds and from train_demo's
 
@@ -99,13 +102,15 @@ def decode_task(
     states: int = 0,
     rng: random.Random | None = None,
     states_threshold: float | None = None,
+    shuffle_answer: str = "random",
 ) -> list[dict]:
     """Decode one task's rows one token per step; return the accepted trajectories (every one with ``keep_all``).
 
     With ``eta``: each row is first decoded by dParallel's own decoder (``entropy_threshold`` at ``eta``) and that
     answer is kept when the verifier accepts it; only the rows it fails are decoded one token per step. With
     ``states``: the decode-order rows of every trajectory instead (``decode_states``; ``rng`` draws their steps),
-    decoded by ``threshold`` at ``states_threshold`` when given."""
+    decoded by ``threshold`` at ``states_threshold`` when given, with ``shuffle_answer``'s order as shuffle's one
+    valid answer under a fixed rule."""
 
     def decode(chunk: list[dict], gl: int, args: dict[str, Any], decoder: str) -> tuple[list[dict], list[dict]]:
         msgs = [json.loads(r["messages"]) for r in chunk]
@@ -115,7 +120,7 @@ def decode_task(
             score = score_sample(r["task"], res.text or "", json.loads(r["sample"]))["score"]
             ok = res.error is None and score == 1.0
             if states:
-                kw = {"tok": tok, "block": args["block_length"], "n": states, "rng": rng}
+                kw = {"tok": tok, "block": args["block_length"], "n": states, "rng": rng, "rule": shuffle_answer}
                 accepted += decode_states(r, res, out.trace[i], ok, **kw) if res.error is None else []
             elif ok:
                 accepted.append(record(r, res, score, decoder))
@@ -152,22 +157,43 @@ def answer_canvases(tok: Any, texts: list[str], gen_length: int) -> torch.Tensor
     return torch.tensor(response_canvases(tok, texts, gen_length))
 
 
+def expert_answers(task: str, sample: dict, rule: str) -> list[str]:
+    """The answers a decode-order row of ``task`` may target: every valid one, or under a fixed shuffle ``rule``
+    (``stream.SHUFFLE_RULES``) shuffle's one order."""
+    return [fixed_shuffle(sample, rule)] if task in fixed_answer_tasks(rule) else valid_answers(task, sample)
+
+
 def decode_states(
-    row: dict, res: Any, trace: torch.Tensor, verified: bool, *, tok: Any, block: int, n: int, rng: random.Random
+    row: dict,
+    res: Any,
+    trace: torch.Tensor,
+    verified: bool,
+    *,
+    tok: Any,
+    block: int,
+    n: int,
+    rng: random.Random,
+    rule: str = "random",
 ) -> list[dict]:
     """Up to ``n`` decode-order rows of one trajectory (``trace`` [L]: the step that committed each slot, -1 for
     slots cut after the EOS block; a parallel decoder commits several slots in one step, which then form one state);
-    none when no valid answer agrees with even the first state."""
+    none when no valid answer agrees with even the first state. Under a fixed shuffle ``rule`` a shuffle answer in
+    another valid order is repaired towards the rule's order like a failure."""
     sample, task = json.loads(row["sample"]), row["task"]
     got = torch.tensor(res.generated_ids)  # [L]
     levels = sorted({int(x) for x in trace if x >= 0})  # state j: the slots committed before step levels[j] shown
     seen = [((trace >= 0) & (trace < v)).nonzero().flatten() for v in levels]
+    fixed = task in fixed_answer_tasks(rule)
+    texts = expert_answers(task, sample, rule)
+    canvases = answer_canvases(tok, texts, len(got))  # [C, L]
+    if verified and fixed:
+        verified = bool((canvases == got).all(1).any())
     if verified:
         target, last = got, None
     else:
-        texts = valid_answers(task, sample)
-        rng.shuffle(texts)
-        canvases = answer_canvases(tok, texts, len(got))  # [C, L]
+        order = list(range(len(texts)))
+        rng.shuffle(order)
+        canvases = canvases[order]
         last, target = None, None
         for j in range(len(levels) - 1, -1, -1):  # the latest state some valid answer still agrees with
             fits = (canvases[:, seen[j]] == got[seen[j]]).all(1)
@@ -193,7 +219,7 @@ def decode_states(
         out.append(
             {"task": task, "prompt_ids": res.prompt_ids, "response_ids": target.tolist(), "text": text,
              "score": 1.0, "decoder": "state", "repaired": not verified, "masked": masked, "scored": scored,
-             "next": committed}
+             "next": committed, **({"answer_rule": rule} if fixed else {})}
         )  # fmt: skip
     return out
 
@@ -234,6 +260,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "(the states a parallel decoder passes through)",
     )
     ap.add_argument(
+        "--shuffle-answer",
+        choices=SHUFFLE_ANSWERS,
+        default="random",
+        help="with --states: shuffle's expert answer is train_demo's fixed order under this rule (data.shuffle_answer) "
+        "instead of any valid order",
+    )
+    ap.add_argument(
         "--keep-unverified",
         action="store_true",
         help="diagnostic only, not the recipe: keep every decoded answer (self-distillation without the verifier)",
@@ -253,6 +286,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.states and is_real(args.states_threshold) and 0 < args.states_threshold <= 1
     ):
         raise ValueError(f"--states-threshold needs --states and a number in (0, 1], got {args.states_threshold}")
+    if args.shuffle_answer != "random" and not args.states:
+        raise ValueError("--shuffle-answer sets the expert of decode-order rows; give --states N with it")
     if args.states and any(not t.startswith("waiting_line/") for t in args.tasks):
         raise ValueError("--states lists valid answers of waiting-line tasks only; give --tasks waiting_line/...")
     if args.out is None:
@@ -292,6 +327,7 @@ def decode_tasks(model: Any, tok: Any, train_rows: list[dict], parts: Path, args
                 model, tok, rows, block=args.block, batch_size=args.batch_size, bar=bar,
                 keep_all=args.keep_unverified, eta=args.eta, states=args.states,
                 rng=random.Random(f"states/{args.seed}/{task}"), states_threshold=args.states_threshold,
+                shuffle_answer=args.shuffle_answer,
             )  # fmt: skip
             write_jsonl_atomic(part, kept)
         if args.states:  # rows are states; a prompt is verified when its rows target its own answer
@@ -332,9 +368,12 @@ def main(argv: list[str] | None = None) -> None:
         "model": str(args.model),
         "seed": args.seed,
         "heldout_seed": args.heldout_seed,
-        "decode": {"sampler": "low_confidence", "steps": "gen_length", "block": args.block, "temperature": 0.0},
+        "decode": {"sampler": "low_confidence", "steps": "gen_length", "block": args.block, "temperature": 0.0}
+        if args.states_threshold is None
+        else {"sampler": "threshold", "threshold": args.states_threshold, "block": args.block, "temperature": 0.0},
         "states": args.states,
         "states_threshold": args.states_threshold,
+        "shuffle_answer": args.shuffle_answer,
         "first_decoder": None if args.eta is None else {"sampler": "entropy_threshold", "eta": args.eta},
         "tasks": stats,
         "kept": len(kept_all),

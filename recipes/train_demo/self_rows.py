@@ -49,6 +49,7 @@ def load_self_rows(
     excluded_prompts: set[tuple[int, ...]],
     state_scoring: str = "block",
     skip_tasks: Sequence[str] = (),
+    keep_rule: str | None = None,
 ) -> tuple[list[Row], dict[str, Any]]:
     """The rows of ``paths`` (``trajectories.py`` ``train.jsonl`` files) and a summary (rows per task, dropped, and
     ``sha256`` over the files' bytes in order: a resumed run must train on the same self rows).
@@ -58,7 +59,8 @@ def load_self_rows(
     of this model; a prompt equal to an excluded one is dropped and counted (its sample was drawn independently of
     the exclusion list). ``state_scoring``: ``block`` scores a decode-order row's ``scored`` slots, ``next`` its
     ``next`` slots. ``skip_tasks``: tasks whose rows are dropped and counted (``data.shuffle_answer``'s fixed
-    order makes the files' shuffle answers, other valid orders, targets the stage must not train on)."""
+    order makes the files' shuffle answers, other valid orders, targets the stage must not train on); such a row is
+    kept when its ``answer_rule`` equals ``keep_rule`` (``trajectories.py --shuffle-answer``: it targets that order)."""
     rows: list[Row] = []
     per_task: dict[str, int] = {}
     dropped = skipped = 0
@@ -88,7 +90,7 @@ def load_self_rows(
             if not ids or min(ids) < 0 or max(ids) >= vocab_size:
                 raise ValueError(f"{where}: token ids outside the tokenizer's {vocab_size}")
             state = decode_state(r, len(resp), where, state_scoring)
-            if task in skip_tasks:
+            if task in skip_tasks and (keep_rule is None or r.get("answer_rule") != keep_rule):
                 skipped += 1
                 continue
             if tuple(prompt) in excluded_prompts:

@@ -113,6 +113,7 @@ def load_rows(
             excluded_prompts=excluded_prompts(pb, tok, held),
             state_scoring=cfg.data.state_scoring,
             skip_tasks=fixed_answer_tasks(cfg.data.shuffle_answer),
+            keep_rule=cfg.data.shuffle_answer,
         )
         print(f"self rows: {self_meta}")
     if resume and latest_checkpoint(out) is not None and (out / "run.json").is_file():
