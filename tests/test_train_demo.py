@@ -1224,6 +1224,7 @@ def test_demo_llada2_configs_load_as_the_shipped_runs_were_set(monkeypatch):
     twelfth = cf.load_config(configs / "demo-llada2-stage12.yaml", init)
     thirteenth = cf.load_config(configs / "demo-llada2-stage13.yaml", init)
     fourteenth = cf.load_config(configs / "demo-llada2-stage14.yaml", init)
+    fifteenth = cf.load_config(configs / "demo-llada2-stage15.yaml", init)
     final = cf.load_config(configs / "demo-llada2.yaml", init)
     assert final.model.family == "llada2" and final.model.attention == "block_causal" and final.model.block_length == 32
     assert second.total_steps == 1675 and third.total_steps == 2400 and third.optim.decay_steps == 600
@@ -1284,21 +1285,31 @@ def test_demo_llada2_configs_load_as_the_shipped_runs_were_set(monkeypatch):
     weights = {**thirteenth.data.task_weights, "self": 54.0}
     assert fourteenth.data == dataclasses.replace(thirteenth.data, self_rows=listed, task_weights=weights)
     assert fourteenth.data.state_scoring == "block" and fourteenth.run.seed == 4730 and fourteenth.total_steps == 2400
-    # the final: the fourteenth with shuffle trained on one fixed order (rotate), its files without the verified
+    # the fifteenth: the fourteenth with shuffle trained on one fixed order (rotate), its files without the verified
     # shuffle answers (all of them shuffle rows, which the fixed order skips: the same rows), shuffle 3 -> 18 and
     # self 54 -> 36, half the steps (the same rate and decay), its own seed
-    assert final.data == dataclasses.replace(
+    assert fifteenth.data == dataclasses.replace(
         fourteenth.data,
         self_rows=listed[4:],
         task_weights={**fourteenth.data.task_weights, "shuffle": 18.0, "self": 36.0},
         shuffle_answer="rotate",
     )
-    (stage,) = final.stages
-    assert stage == dataclasses.replace(fourteenth.stages[0], steps=1200) and final.optim == fourteenth.optim
-    assert final.run.seed == 4751 and fourteenth.data.shuffle_answer == "random"
+    (stage,) = fifteenth.stages
+    assert stage == dataclasses.replace(fourteenth.stages[0], steps=1200) and fifteenth.optim == fourteenth.optim
+    assert fifteenth.run.seed == 4751 and fourteenth.data.shuffle_answer == "random"
+    # the final: the fifteenth with the threshold decoder's own states (two files, listed twice), self 36 -> 72,
+    # 800 steps at the same rate with a 400-step decay, its own seed
+    thr = tuple(f"runs/self/thr-{k}/train.jsonl" for k in (1, 2))
+    assert final.data == dataclasses.replace(
+        fifteenth.data,
+        self_rows=(*fifteenth.data.self_rows, *thr, *thr),
+        task_weights={**fifteenth.data.task_weights, "self": 72.0},
+    )
+    assert final.stages == (dataclasses.replace(stage, steps=800),) and final.run.seed == 4761
+    assert final.optim == dataclasses.replace(fifteenth.optim, decay_steps=400)
     # the card links every earlier stage's config, in the order they ran, and not the final one
     stages = sorted((p.name for p in configs.glob("demo-llada2-stage*.yaml")), key=lambda n: int(n[17:-5]))
-    assert cd.EARLIER_STAGES == tuple(stages) and len(stages) == 14
+    assert cd.EARLIER_STAGES == tuple(stages) and len(stages) == 15
 
 
 def test_config_files_overrides_and_bad_configs_name_the_key(tmp_path):

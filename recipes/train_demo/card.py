@@ -55,7 +55,7 @@ def _score_table(scores: dict[str, Any]) -> list[str]:
 
 
 # demo-llada2's stages before its final one (configs/demo-llada2.yaml), in the order they ran
-EARLIER_STAGES = tuple(f"demo-llada2-stage{i}.yaml" for i in range(1, 15))
+EARLIER_STAGES = tuple(f"demo-llada2-stage{i}.yaml" for i in range(1, 16))
 
 
 def _earlier_stages() -> str:
