@@ -1675,19 +1675,19 @@ def test_a_fixed_shuffle_answer_drops_the_self_rows_other_orders(tmp_path):
     rows = [{"task": t, "prompt_ids": [5, i], "response_ids": [7, 8], "score": 1.0} for i, t in
             enumerate(["waiting_line/shuffle", "waiting_line/copy", "waiting_line/shuffle"])]  # fmt: skip
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    got, meta = sr.load_self_rows([path], skip_tasks=("waiting_line/shuffle",), **kw)
+    got, meta = sr.load_self_rows([path], shuffle_answer="rotate", **kw)
     assert got == [([5, 1], [7, 8], "waiting_line/copy")] and meta["skipped_tasks"] == 2
     got, meta = sr.load_self_rows([path], **kw)
     assert len(got) == 3 and "skipped_tasks" not in meta
     rows[2]["answer_rule"] = "rotate"  # trajectories.py --shuffle-answer rotate: the row targets the rule's order
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    got, meta = sr.load_self_rows([path], skip_tasks=("waiting_line/shuffle",), keep_rule="rotate", **kw)
+    got, meta = sr.load_self_rows([path], shuffle_answer="rotate", **kw)
     assert [g[0] for g in got] == [[5, 1], [5, 2]] and meta["skipped_tasks"] == 1
-    got, meta = sr.load_self_rows([path], skip_tasks=("waiting_line/shuffle",), keep_rule="swap_first", **kw)
+    got, meta = sr.load_self_rows([path], shuffle_answer="swap_first", **kw)
     assert [g[0] for g in got] == [[5, 1]] and meta["skipped_tasks"] == 2  # another rule's order is still skipped
     path.write_text(json.dumps(rows[0]) + "\n")
     with pytest.raises(ValueError, match="no usable row in .*train.jsonl"):
-        sr.load_self_rows([path], skip_tasks=("waiting_line/shuffle",), **kw)
+        sr.load_self_rows([path], shuffle_answer="rotate", **kw)
 
 
 def test_whole_names_and_grow_after_run_through_the_trainer(tok, tmp_path, mini_pb):

@@ -38,6 +38,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from recipes.train_demo.stream import fixed_answer_tasks
+
 Row = tuple  # (prompt ids, response ids, task) or, for a decode-order row, (..., (masked slots, scored slots))
 
 
@@ -48,8 +50,7 @@ def load_self_rows(
     canvas: Mapping[str, int],
     excluded_prompts: set[tuple[int, ...]],
     state_scoring: str = "block",
-    skip_tasks: Sequence[str] = (),
-    keep_rule: str | None = None,
+    shuffle_answer: str = "random",
 ) -> tuple[list[Row], dict[str, Any]]:
     """The rows of ``paths`` (``trajectories.py`` ``train.jsonl`` files) and a summary (rows per task, dropped, and
     ``sha256`` over the files' bytes in order: a resumed run must train on the same self rows).
@@ -58,9 +59,11 @@ def load_self_rows(
     never be trained on. Raises ``ValueError`` naming the file and line for a row that cannot be a training target
     of this model; a prompt equal to an excluded one is dropped and counted (its sample was drawn independently of
     the exclusion list). ``state_scoring``: ``block`` scores a decode-order row's ``scored`` slots, ``next`` its
-    ``next`` slots. ``skip_tasks``: tasks whose rows are dropped and counted (``data.shuffle_answer``'s fixed
-    order makes the files' shuffle answers, other valid orders, targets the stage must not train on); such a row is
-    kept when its ``answer_rule`` equals ``keep_rule`` (``trajectories.py --shuffle-answer``: it targets that order)."""
+    ``next`` slots. ``shuffle_answer``: the stage's ``data.shuffle_answer``; under a fixed rule the rows of
+    ``stream.fixed_answer_tasks`` are dropped and counted (the files' shuffle answers, other valid orders, are targets
+    the stage must not train on), except those whose ``answer_rule`` is that rule (``trajectories.py
+    --shuffle-answer``: they target that order)."""
+    skip_tasks = fixed_answer_tasks(shuffle_answer)
     rows: list[Row] = []
     per_task: dict[str, int] = {}
     dropped = skipped = 0
@@ -90,7 +93,7 @@ def load_self_rows(
             if not ids or min(ids) < 0 or max(ids) >= vocab_size:
                 raise ValueError(f"{where}: token ids outside the tokenizer's {vocab_size}")
             state = decode_state(r, len(resp), where, state_scoring)
-            if task in skip_tasks and (keep_rule is None or r.get("answer_rule") != keep_rule):
+            if task in skip_tasks and r.get("answer_rule") != shuffle_answer:
                 skipped += 1
                 continue
             if tuple(prompt) in excluded_prompts:

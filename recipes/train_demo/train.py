@@ -53,7 +53,6 @@ from recipes.train_demo.stream import (
     RowStream,
     eval_items,
     excluded_prompts,
-    fixed_answer_tasks,
     heldout,
     keys_of,
     official_keys,
@@ -112,8 +111,7 @@ def load_rows(
             canvas={t: max_new_tokens(t) for t in TASKS},
             excluded_prompts=excluded_prompts(pb, tok, held),
             state_scoring=cfg.data.state_scoring,
-            skip_tasks=fixed_answer_tasks(cfg.data.shuffle_answer),
-            keep_rule=cfg.data.shuffle_answer,
+            shuffle_answer=cfg.data.shuffle_answer,
         )
         print(f"self rows: {self_meta}")
     if resume and latest_checkpoint(out) is not None and (out / "run.json").is_file():
