@@ -154,3 +154,40 @@ def test_op_sites_must_not_be_negative(monkeypatch):
     monkeypatch.setattr(prof, "random_llada", lambda *a, **k: pytest.fail("built a model before checking arguments"))
     with pytest.raises(SystemExit, match="--op-sites must be >= 0"):
         prof.main(["--op-sites", "-1"])
+
+
+def test_forward_bound_splits_each_decode_into_its_forwards_and_the_host(capsys):
+    """``forward_bound.py`` times the same three decodes as ``bench_block_diffusion.py`` with the model's entry points
+    clocked: every forward of each way is counted once (ours' and the reference's as many as their decodes report,
+    the SDAR-style loop's one more a block plus the prefill), the forwards take part of each decode and not all of
+    it, the tokens agree, and the clock leaves the model's methods as they were."""
+    fb = load_script("benchmarks/forward_bound.py")
+    assert fb.main(["--hidden", "64", "--batches", "1", "--gen", "32", "--repeats", "1", "--rows", "1,32"]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    run = out["runs"]["batch 1"]
+    assert run["same_tokens"] is True
+    g = torch.Generator().manual_seed(1)
+    prompts = torch.randint(2, MASK - 1, (1, 64), generator=g).tolist()
+    model = bench.random_model(64, Namespace(layers=None, vocab=512))
+    args = _args(gen=32, block=32, steps=32, prompt=64)
+    nfe = {w: bench.run_once(w, model, prompts, args)[2] for w in ("ours", "reference", "sdar")}
+    assert run["forward_calls"] == nfe
+    assert nfe["sdar"] == nfe["ours"] + 1 + 1  # one answer block (gen 32): its extra forward, and the prefill
+    for way in ("ours", "reference", "sdar"):
+        part = run[way]
+        assert 0 < part["forward_s"] < part["seconds"] and 0 < part["host_share"] < 1
+    assert run["reference_over_ours_forwards"] > run["reference_over_ours"]  # our forwards alone beat our decode
+    assert set(out["rows_s"]) == {"1", "32"} and out["threads"] == 1
+    clocked = bench.random_model(64, Namespace(layers=None, vocab=512))
+    with fb.ForwardClock(clocked) as clock:
+        bench.run_once("ours", clocked, prompts, args)
+    assert clock.calls == nfe["ours"] and "denoise" not in vars(clocked) and "forward" not in vars(clocked)
+
+
+def test_forward_bound_refuses_bad_numbers_before_building_a_model(monkeypatch, capsys):
+    fb = load_script("benchmarks/forward_bound.py")
+    monkeypatch.setattr(fb, "random_model", lambda *a: pytest.fail("built a model"))
+    for argv, words in ((["--batches", "1,x"], "comma-separated"), (["--rows", "0"], ">= 1")):
+        with pytest.raises(SystemExit):
+            fb.main(argv)
+        assert words in capsys.readouterr().err

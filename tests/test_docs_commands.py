@@ -102,6 +102,11 @@ REWRITES = (
         "2 official prompts a task x 3 passes: 1 prompt a task, 1 pass",
         append="--samples 1 --repeats 1",
     ),
+    Rewrite(
+        r"^python benchmarks/forward_bound\.py",
+        "hidden 1024, gen 256, three ways x 3 passes: hidden 64, gen 32, 1 pass, two row counts",
+        append="--hidden 64 --gen 32 --repeats 1 --rows 1,32",
+    ),
     Rewrite(r"^python benchmarks/prompt_blind\.py", "10 samples a task, twice: 1", append="--limit 1"),
     Rewrite(r"^python benchmarks/profile_decode\.py", "gen 256 x 5 repeats: gen 32, 1", append="--gen 32 --repeats 1"),
     Rewrite(
