@@ -31,4 +31,4 @@ lint: $(VENV)/.dev
 	$(BIN)/ruff format --check .
 
 test: lint
-	$(BIN)/python -m pytest -q -m "not gpu"   # slow tests included (about a minute more); a bare pytest skips them
+	$(BIN)/python -m pytest -q -m "not gpu"   # slow tests included (about 10 min on 2 cores); a bare pytest skips them (about 3.5 min)

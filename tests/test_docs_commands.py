@@ -91,7 +91,11 @@ REWRITES = (
         "6 tasks x 8 samples x 3 passes: one task, one sample, one pass",
         append="--tasks waiting_line/copy --limit 1 --repeats 1 --warmup 0",
     ),
-    Rewrite(r"^python benchmarks/bench_weight_layout\.py", "interleaved timing rounds: one", append="--repeats 1"),
+    Rewrite(
+        r"^python benchmarks/bench_(weight_layout|fused_projections)\.py",
+        "5 interleaved timing rounds at 5 row counts: one round at 1 and 32 rows",
+        append="--repeats 1 --rows 1,32",
+    ),
     Rewrite(
         r"^python benchmarks/bench_block_diffusion\.py (?!.*--model)",
         "hidden 128 / 1024 x batch 1 / 8 x gen 256 x 2 passes: hidden 64, batch 1, gen 32, 1 pass",
