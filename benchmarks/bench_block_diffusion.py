@@ -188,6 +188,12 @@ def random_model(hidden: int, args):
     return model
 
 
+def random_prompts(batch: int, length: int, top: int) -> list[list[int]]:
+    """``batch`` prompts of ``length`` ids in ``[2, top)``, seeded by the batch size (the random models' prompts)."""
+    g = torch.Generator().manual_seed(batch)
+    return torch.randint(2, top, (batch, length), generator=g).tolist()
+
+
 def official_prompts(args) -> tuple[list[list[int]], object]:
     """The first ``--samples`` official prompts of each task under ``--data``, chat-encoded for ``--model``."""
     from dlm_decode.core.inputs import encode_prompts
@@ -348,9 +354,8 @@ def main(argv: list[str] | None = None) -> int:
             # the tiny checkpoints' ids are the test format's; the mini model's the reference's defaults
             ids = (model.mask_token_id, model.eos_token_ids[0]) if hidden == "mini" else (MASK, EOS)
             for batch in [int(b) for b in args.batches.split(",")]:
-                g = torch.Generator().manual_seed(batch)
                 top = ids[0] - 1 if hidden != "mini" else min(ids) - 1
-                prompts = torch.randint(2, top, (batch, args.prompt), generator=g).tolist()
+                prompts = random_prompts(batch, args.prompt, top)
                 entry = compare(model, [prompts], args, ids)
                 if hidden == "mini":
                     add_roofline(entry, model, prompts, args, ids)

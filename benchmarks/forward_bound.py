@@ -36,7 +36,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the benchmarks' shared modules
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the reference re-statements
-from bench_block_diffusion import WAYS, random_model, run_once  # noqa: E402
+from bench_block_diffusion import WAYS, random_model, random_prompts, run_once  # noqa: E402
+from interleaved import seconds  # noqa: E402
 from llada2_reference import EOS, MASK  # noqa: E402
 
 
@@ -76,7 +77,7 @@ def split(model, prompts, args, repeats: int) -> dict:
     got = {w: {"total": [], "forwards": []} for w in WAYS}
     calls, answers = {}, {}
     for rep in range(repeats):
-        for w in WAYS[rep % 3 :] + WAYS[: rep % 3]:
+        for w in WAYS[rep % len(WAYS) :] + WAYS[: rep % len(WAYS)]:
             with ForwardClock(model) as clock:
                 total, out, _ = run_once(w, model, prompts, args, (MASK, EOS))
             got[w]["total"].append(total)
@@ -92,13 +93,7 @@ def split(model, prompts, args, repeats: int) -> dict:
     return entry
 
 
-def _seconds(fn) -> float:
-    start = time.perf_counter()
-    with torch.no_grad():
-        fn()
-    return time.perf_counter() - start
-
-
+@torch.no_grad()
 def rows_curve(model, rows: list[int], repeats: int, block: int) -> dict[int, float]:
     """Median seconds of one uncached batch-1 forward of R rows (block-causal), for each R, rotating order."""
     g = torch.Generator().manual_seed(1)
@@ -106,11 +101,11 @@ def rows_curve(model, rows: list[int], repeats: int, block: int) -> dict[int, fl
     got = {r: [] for r in rows}
     for rep in range(repeats):
         for r in rows[rep % len(rows) :] + rows[: rep % len(rows)]:
-            got[r].append(_seconds(calls[r]))
+            got[r].append(seconds(calls[r], 1))
     return {r: statistics.median(v) for r, v in got.items()}
 
 
-def plot(curve: dict[int, float], path: Path, hidden: int, marks: dict[str, float], model_config) -> None:
+def plot(curve: dict[int, float], path: Path, marks: dict[str, float], model_config) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -126,7 +121,7 @@ def plot(curve: dict[int, float], path: Path, hidden: int, marks: dict[str, floa
     ax.set_xlabel("rows in the forward (batch 1, uncached)")
     ax.set_ylabel("ms per forward")
     c = model_config
-    ax.set_title(f"random LLaDA2, hidden {hidden}, {c.num_experts} experts top {c.num_experts_per_tok}, "
+    ax.set_title(f"random LLaDA2, hidden {c.hidden_size}, {c.num_experts} experts top {c.num_experts_per_tok}, "
                  f"{c.num_hidden_layers} layers, {torch.get_num_threads()} thread(s)", fontsize=9)  # fmt: skip
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -160,9 +155,8 @@ def main(argv: list[str] | None = None) -> int:
     model = random_model(args.hidden, args)
     keys = ("hidden", "prompt", "gen", "block", "steps", "threshold", "repeats", "threads")
     result = {k: getattr(args, k) for k in keys} | {"runs": {}}
-    for batch in batches:  # the prompts bench_block_diffusion.py draws for this batch
-        g = torch.Generator().manual_seed(batch)
-        prompts = torch.randint(2, MASK - 1, (batch, args.prompt), generator=g).tolist()
+    for batch in batches:
+        prompts = random_prompts(batch, args.prompt, MASK - 1)  # bench_block_diffusion.py's for this batch
         entry = split(model, prompts, args, args.repeats)
         result["runs"][f"batch {batch}"] = entry
         parts = ", ".join(f"{w} {entry[w]['seconds']:.2f} s ({100 * entry[w]['host_share']:.0f}% host)" for w in WAYS)
@@ -173,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     result["rows_s"] = {str(r): s for r, s in curve.items()}
     print("T(R): " + ", ".join(f"{r} rows {1e3 * s:.1f} ms" for r, s in curve.items()), flush=True)
     if args.plot:
-        plot(curve, args.plot, args.hidden, {"ours ~34": 34.5, "reference ~208": 208}, model.config)
+        plot(curve, args.plot, {"ours ~34": 34.5, "reference ~208": 208}, model.config)
         result["plot"] = str(args.plot)
     print(json.dumps(result))
     return 0
