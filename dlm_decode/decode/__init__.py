@@ -1,6 +1,7 @@
 """The decode loop: the top of the decoding package. Every import points down.
 
-    decode/            generate (generate.py) -> prepare, run_block / step (loop.py) -> commit_mask (commit.py)
+    decode/            generate (generate.py) -> prepare, Scheduler (scheduler.py) -> merged forwards (merged.py),
+                       advance / prepare_step / finish_step (loop.py) -> commit_mask (commit.py)
       request.py       check_request: the one validation of a request (names, options, lengths, prompts, defaults)
       oracle.py        oracle_generate: both passes of the Learn2PD oracle
     samplers/  cache/  models/  kernels/     the rooms: one rule, policy or model per file
@@ -11,11 +12,12 @@
 
 from dlm_decode.decode.commit import commit_mask
 from dlm_decode.decode.generate import generate
-from dlm_decode.decode.loop import run_block, step
+from dlm_decode.decode.loop import Unit, advance, step
 from dlm_decode.decode.oracle import oracle_generate
 from dlm_decode.decode.output import GenerateOutput, RowResult
 from dlm_decode.decode.prepare import prepare
 from dlm_decode.decode.request import Request, check_request
+from dlm_decode.decode.scheduler import Scheduler
 
 __all__ = [
     "GenerateOutput",
@@ -26,6 +28,8 @@ __all__ = [
     "generate",
     "oracle_generate",
     "prepare",
-    "run_block",
+    "Scheduler",
+    "Unit",
+    "advance",
     "step",
 ]

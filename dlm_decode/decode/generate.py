@@ -3,8 +3,10 @@
     out = generate(model, ["What is 2+2?"], tokenizer=tok, chat=True, sampler="threshold",
                    sampler_options={"threshold": 0.9}, cache="dual", gen_length=256, block_length=32)
 
-Check the request (``check_request``), ``prepare`` the state and K/V store, then ``run_block`` while a row has a block
-left (each block runs ``step`` until no row has a MASK in it). Every block has a step bound (the sampler's
+Check the request (``check_request``), ``prepare`` the state and K/V store, then run the batch as one unit of the
+step scheduler (``decode.scheduler``, the one decode loop, which the engine runs with a unit per request) until it is
+done: each block runs steps until no row has a MASK in it, so the rows of a batch share block boundaries, as in the
+references' batched loops. Every block has a step bound (the sampler's
 ``max_block_steps``): at the last allowed step every remaining mask of the block is committed with its proposal, so
 the loop always ends and never leaves a MASK. A row whose logits turn non-finite is stopped with an error message;
 the other rows go on.
@@ -26,10 +28,11 @@ from dlm_decode.cache import CachePolicy
 from dlm_decode.core.config import DecodeConfig
 from dlm_decode.core.generation_config import resolve_chat
 from dlm_decode.core.inputs import ModelFacts, Prompt, encode_prompts
-from dlm_decode.decode.loop import open_rows, run_block
+from dlm_decode.decode.loop import Unit
 from dlm_decode.decode.output import GenerateOutput, build_output
 from dlm_decode.decode.prepare import prepare
 from dlm_decode.decode.request import check_request
+from dlm_decode.decode.scheduler import Scheduler
 from dlm_decode.models.compiled import resolve_mode, using
 from dlm_decode.models.graphs import using_graphs
 from dlm_decode.samplers import Sampler
@@ -87,8 +90,10 @@ def generate(
     bar = tqdm(total=len(rows) * req.config.gen_length, desc=name, leave=False) if progress else None
     start = time.perf_counter()
     with using(model, compile), using_graphs(model, store, cuda_graphs) as graphs:
-        while (todo := open_rows(state)) is not None:
-            run_block(model, state, req.sampler, req.cache, store, todo, bar)
+        sched = Scheduler(model)
+        sched.add(0, Unit(state, req.sampler, req.cache, store, bar))
+        while sched.units:
+            sched.step()
     if bar is not None:
         bar.close()
     seconds = time.perf_counter() - start

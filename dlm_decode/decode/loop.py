@@ -1,11 +1,19 @@
-"""One block and one step of the decode loop.
+"""The decode loop's parts: a ``Unit`` of rows decoded together, how it moves from block to block, and its step.
 
-``run_block``: ``begin_block`` (the cursor, the sampler's and the cache's set-up, the step bound), then steps until
-no row has a MASK left in its block (one host sync per step: that test, which also brings back the most masks a row
-has left). ``step``: the cache plans which slots to recompute, one forward gives aligned logits for the sampler's
-region (``forward.region_logits``, narrowed to the rows and slots a sampler that reads only its candidates needs,
-sized by the test's counts), the sampler selects, ``commit_mask`` decides what is written, then the cut, all-in and
-EOS rules and the statistics. The step itself never waits for the device unless a progress bar asks.
+A ``Unit`` is one ``DecodeState`` with its sampler, cache policy and K/V store: ``generate``'s whole batch (its rows
+share block boundaries, as the references' batched loops do), or one request of the engine (``decode.scheduler``,
+``engine``). The scheduler is the one loop: every step it ``advance``s each unit (closing a block whose rows have no
+MASK left and opening the next, so a unit never waits for another), runs ``prepare_step`` for each, one forward for
+all of them that can share one (``decode.merged``), and ``finish_step`` for each. ``step`` is the three for one unit
+with its own forward.
+
+``advance``: ``begin_block`` (the cursor, the sampler's and the cache's set-up, the step bound) when a block opens;
+a block ends when no row has a MASK left in it (one host sync per step: that test, which also brings back the most
+masks a row has left). ``prepare_step``: the cache plans which slots to recompute and the sampler may draft;
+``forward_one``: one forward gives aligned logits for the sampler's region (``forward.region_logits``, narrowed to
+the rows and slots a sampler that reads only its candidates needs, sized by the test's counts); ``finish_step``: the
+sampler selects, ``commit_mask`` decides what is written, then the cut, all-in and EOS rules and the statistics.
+The step itself never waits for the device unless a progress bar asks.
 
 Draft-and-verify samplers (``Sampler.draft`` returns ``Drafts``): the step's one forward runs the current canvas and
 its D drafts side by side (batch ``B * (1 + D)``, each row's copies against that row's cache under the same plan; a
@@ -16,20 +24,50 @@ Everything after the selection is the ordinary step; ``nfe`` counts the forward 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from dlm_decode.cache import CachePolicy, KVStore
+from dlm_decode.cache import CachePolicy, KVStore, StepPlan
 from dlm_decode.core.state import DecodeState
 from dlm_decode.decode.blocks import grid_block_end, stop_after_eos_block
 from dlm_decode.decode.commit import all_in, commit_mask, cut, fail_nonfinite, record, stop_at_eos, stop_rows
-from dlm_decode.decode.forward import StepMasks, subset
+from dlm_decode.decode.forward import StepMasks, Subset, subset
 from dlm_decode.decode.forward import draft_logits as _forward_drafts
 from dlm_decode.decode.forward import region_logits as _forward
 from dlm_decode.models.graphs import fixed_shapes
 from dlm_decode.samplers import Sampler
-from dlm_decode.samplers.base import candidates, editable
+from dlm_decode.samplers.base import Drafts, candidates, editable
+
+
+@dataclass
+class Unit:
+    """Rows decoded together: their state, sampler, cache policy and K/V store (None when the cache keeps none).
+    ``store_row``: the unit's row in the scheduler's shared store (``cache.arena``), when it has one; units there
+    can share a forward (``decode.merged``)."""
+
+    state: DecodeState
+    sampler: Sampler
+    cache: CachePolicy
+    store: KVStore | None
+    bar: Any = None  # a tqdm bar counting committed slots, or None
+    store_row: int | None = None
+    in_block: bool = False  # a block is open (``begin_block`` ran, its end has not been reached)
+    masks: StepMasks | None = None  # the counts of the open block, read by ``advance``
+
+
+@dataclass(frozen=True)
+class Pending:
+    """A unit's step up to its forward: what ``prepare_step`` decided and ``finish_step`` needs."""
+
+    region: tuple[int, int]
+    plan: StepPlan
+    drafts: Drafts | None
+    last: bool  # the block's last allowed step: every remaining mask is committed
+    computed: torch.Tensor | None  # [B, R] the slots the policy computed, when it restricts them
+    narrow: Subset | None  # the rows and slots the forward may be narrowed to (``forward.subset``)
+    active: torch.Tensor  # [B] rows taking part in this step
 
 
 def open_rows(state: DecodeState) -> torch.Tensor | None:
@@ -38,13 +76,26 @@ def open_rows(state: DecodeState) -> torch.Tensor | None:
     return todo if bool(todo.any()) else None
 
 
-def run_block(
-    model: Any, state: DecodeState, smp: Sampler, pol: CachePolicy, store: KVStore | None, todo: torch.Tensor, bar=None
-) -> None:
-    """Decode the next block of every row in ``todo`` [B] (from ``open_rows``), then move the cursor past it."""
-    begin_block(state, smp, pol, todo)
-    while (masks := _masks_left(state, smp)).most:
-        step(model, state, smp, pol, store, bar, masks)
+def advance(unit: Unit) -> bool:
+    """Bring ``unit`` to its next step: close its block when no row has a MASK left in it and open the next one.
+    False when the unit has no block left (it is done)."""
+    state, smp = unit.state, unit.sampler
+    while True:
+        if unit.in_block:
+            unit.masks = _masks_left(state, smp)
+            if unit.masks.most:
+                return True
+            end_block(state)
+            unit.in_block = False
+        todo = open_rows(state)
+        if todo is None:
+            return False
+        begin_block(state, smp, unit.cache, todo)
+        unit.in_block = True
+
+
+def end_block(state: DecodeState) -> None:
+    """The block is done: block-causal rows with an EOS stop, and the cursor moves past the block."""
     if state.inputs.block_causal:
         stop_after_eos_block(state)
     state.cursor.next_start = torch.maximum(state.cursor.block_end, state.cursor.next_start)
@@ -83,17 +134,9 @@ def _masks_left(state: DecodeState, smp: Sampler) -> StepMasks:
     return StepMasks(int(most), int(rows))
 
 
-def step(
-    model: Any,
-    state: DecodeState,
-    smp: Sampler,
-    pol: CachePolicy,
-    store: KVStore | None,
-    bar=None,
-    masks: StepMasks | None = None,
-) -> None:
-    """One forward and one selection: commit what the sampler chose (within the contract), then the stop rules.
-    ``masks``: the counts of ``_masks_left`` (None: unknown, so the forward computes every row's whole region)."""
+def prepare_step(model: Any, unit: Unit) -> Pending:
+    """A step up to its forward: the rows taking part, the region, the sampler's drafts and the cache's plan."""
+    state, smp, pol = unit.state, unit.sampler, unit.cache
     cur = state.cursor
     active = state.block_masked().any(1)  # [B] rows taking part in this step
     keep = smp.block_open(state)
@@ -109,32 +152,47 @@ def step(
         raise RuntimeError(f"cache {pol.name!r} restricted the candidates of a draft-and-verify step")
     state.stats.refreshes += int(plan.refresh)
     computed = None if plan.candidates is None else plan.candidates[:, r0:r1]  # [B, R]
-    if drafts is None:
-        narrow = None if fixed_shapes(model) else subset(state, smp, (r0, r1), computed, masks)  # graphs: whole
-        logits = _forward(model, state, plan, (r0, r1), store, narrow)  # [B, R, V]
+    narrow = None
+    if drafts is None and not fixed_shapes(model):  # graphs: the whole region
+        narrow = subset(state, smp, (r0, r1), computed, unit.masks)
+    return Pending((r0, r1), plan, drafts, last, computed, narrow, active)
+
+
+def forward_one(model: Any, unit: Unit, pending: Pending) -> torch.Tensor:
+    """The unit's own forward: [B, R, V] region logits ([B, 1 + D, R, V] with drafts)."""
+    state, store = unit.state, unit.store
+    if pending.drafts is None:
+        return _forward(model, state, pending.plan, pending.region, store, pending.narrow)
+    return _forward_drafts(model, state, pending.plan, pending.region, store, pending.drafts)
+
+
+def finish_step(unit: Unit, pending: Pending, logits: torch.Tensor) -> None:
+    """Select and commit from the step's logits (within the contract), then the stop rules and the statistics."""
+    state, smp = unit.state, unit.sampler
+    cur = state.cursor
+    r0, r1 = pending.region
+    computed = pending.computed
+    if pending.drafts is None:
         if computed is not None:  # slots the policy did not compute: flat logits, never committed
             logits = logits.masked_fill(~computed[..., None], 0.0)
         fail_nonfinite(state, logits, candidates(state, r0, r1))
         sel = smp.select(state, logits, r0)
     else:
-        logits = _forward_drafts(model, state, plan, (r0, r1), store, drafts)  # [B, 1 + D, R, V]
         fail_nonfinite(state, logits[:, 0], candidates(state, r0, r1))
-        sel = smp.verify(state, logits, drafts, r0)
+        sel = smp.verify(state, logits, pending.drafts, r0)
     if sel.block_end is not None:
         if cur.block_step != 0:
             raise RuntimeError(f"sampler {smp.name!r} moved the block end after the block's first step")
         cur.block_end = sel.block_end
     extra = None if sel.stop_rows is None else all_in(state, sel.stop_rows, r0, r1)
-    commit = commit_mask(sel.commit, candidates(state, r0, r1), all_in=extra, computed=computed, last=last)
+    commit = commit_mask(sel.commit, candidates(state, r0, r1), all_in=extra, computed=computed, last=pending.last)
     state.stats.mask_committed |= (commit & (sel.tokens == state.mask_id)).any()
-    if (
-        smp.traits.edits and sel.edit is not None
-    ):  # token editing: decoded slots of the row's own block, never the prompt
+    if smp.traits.edits and sel.edit is not None:  # token editing: decoded slots of the row's own block
         commit = commit | (sel.edit & editable(state, r0, r1))
     committed = torch.zeros_like(state.canvas, dtype=torch.bool)  # [B, T]
     committed[:, r0:r1] = commit
     state.canvas[:, r0:r1] = torch.where(commit, sel.tokens, state.canvas[:, r0:r1])
-    record(state, committed, active, sel.steps)
+    record(state, committed, pending.active, sel.steps)
     if sel.cut_at is not None:
         cut(state, sel.cut_at)
     if sel.stop_rows is not None:
@@ -146,6 +204,22 @@ def step(
     done = ~state.is_masked()[:, state.prompt_len :].any(1)
     keep = smp.block_open(state)
     state.finished |= done if keep is None else done & ~keep
-    pol.after_step(state, committed)
-    if bar is not None:
-        bar.update(int(committed.sum()))
+    unit.cache.after_step(state, committed)
+    if unit.bar is not None:
+        unit.bar.update(int(committed.sum()))
+
+
+def step(
+    model: Any,
+    state: DecodeState,
+    smp: Sampler,
+    pol: CachePolicy,
+    store: KVStore | None,
+    bar=None,
+    masks: StepMasks | None = None,
+) -> None:
+    """One forward and one selection for one state (``prepare_step``, ``forward_one``, ``finish_step``).
+    ``masks``: the counts of ``_masks_left`` (None: unknown, so the forward computes every row's whole region)."""
+    unit = Unit(state, smp, pol, store, bar, masks=masks)
+    pending = prepare_step(model, unit)
+    finish_step(unit, pending, forward_one(model, unit, pending))
