@@ -11,6 +11,7 @@ from dlm_decode.cache import CACHES, get_cache
 from dlm_decode.core.config import DecodeConfig
 from dlm_decode.core.state import DecodeState
 from dlm_decode.decode import GenerateOutput, generate
+from dlm_decode.engine import Engine, EngineResult
 from dlm_decode.models import demo_model_path, load_model
 from dlm_decode.samplers import SAMPLERS, get_sampler
 
@@ -21,6 +22,8 @@ __all__ = [
     "SAMPLERS",
     "DecodeConfig",
     "DecodeState",
+    "Engine",
+    "EngineResult",
     "GenerateOutput",
     "demo_model_path",
     "generate",

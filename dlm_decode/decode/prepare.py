@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -27,10 +28,16 @@ def eos_ids(model: Any, tokenizer: Any | None) -> list[int]:
 
 
 def prepare(
-    model: Any, rows: list[list[int]], req: Request, tokenizer: Any | None = None
+    model: Any,
+    rows: list[list[int]],
+    req: Request,
+    tokenizer: Any | None = None,
+    make_store: Callable[[int], KVStore] | None = None,
 ) -> tuple[DecodeState, KVStore | None]:
     """The call's state, with any context the sampler forces already written, and its K/V store (None when the
-    cache keeps none). ``rows``: checked prompt token ids; ``req``: from ``check_request``."""
+    cache keeps none). ``rows``: checked prompt token ids; ``req``: from ``check_request``. ``make_store(length)``:
+    where a one-row call without classifier-free guidance keeps its K/V (the engine's arena row); None: a store of
+    its own."""
     cfg = req.config
     mask_id = model.mask_token_id
     pad_id = getattr(model.config, "pad_token_id", None)
@@ -80,7 +87,9 @@ def prepare(
     if forced is not None:  # context, not decoding: no trace, not counted
         state.canvas = torch.where(forced.commit, forced.tokens, state.canvas)
     store = None
-    if req.cache.uses_store:
+    if req.cache.uses_store and make_store is not None and b == 1 and cfg.cfg_scale == 0:
+        store = make_store(t)
+    elif req.cache.uses_store:
         n_layers, n_kv, hd = model.kv_shape()
         rows_eff = 2 * b if cfg.cfg_scale > 0 else b  # classifier-free guidance decodes an unconditional copy
         dtype = next(model.parameters()).dtype
