@@ -31,6 +31,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "generate": ("dlm_decode.cli", "decode a batch of prompts with any sampler and cache"),
     "eval": ("dlm_decode.eval.cli", "lm-eval with the dlm_decode model and the offline tasks (takes lm-eval flags)"),
     "parallelbench": ("dlm_decode.parallelbench.cli", "score a model on ParallelBench; sweeps, PBx, oracle, plots"),
+    "batch": ("dlm_decode.engine.batch_file", "decode an OpenAI batch file (JSONL) on the continuous-batching engine"),
     "demo": ("dlm_decode.demo", "decode ParallelBench-style tasks with every sampler and cache (the demo model)"),
 }
 # subcommand -> (optional extra, the modules it installs): a subcommand whose extra is missing is not imported (so it
