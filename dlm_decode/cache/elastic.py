@@ -43,9 +43,9 @@ from typing import Any, ClassVar
 import torch
 
 from dlm_decode.cache.base import CachePolicy, StepPlan
+from dlm_decode.cache.depth_plan import DepthMemory, DepthProgram
 from dlm_decode.cache.plans import keys_from_mask, mask_ranks, region_mask, rows_to_index, with_predecessors
 from dlm_decode.core.state import DecodeState
-from dlm_decode.models.depth import DepthMemory, DepthProgram
 from dlm_decode.options import check_count, is_real
 
 

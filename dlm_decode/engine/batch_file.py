@@ -233,8 +233,10 @@ def write_in_order(engine: Engine, todo: list, fh: Any, bar: Any, name: str) -> 
             line = output_line(n, cid, None, h)
         else:
             r = h.result()
-            line = output_line(n, cid, response_body(r, kind, name), None) if r.error is None else output_line(
-                n, cid, None, r.error
+            line = (
+                output_line(n, cid, response_body(r, kind, name), None)
+                if r.error is None
+                else output_line(n, cid, None, r.error)
             )
         fh.write(json.dumps(line) + "\n")
         fh.flush()

@@ -4,7 +4,7 @@ query slots, and from the first layer whose attention drifted on, a row recomput
 Paper: Nguyen-Tri, Ranjan, Shen, "Attention Is All You Need for KV Cache in Diffusion LLMs" (arXiv 2510.14973). The
 policy plans a step's query slots (``compute``: the sliding window of masks, the tokens decoded last step and the
 tracked most-attended tokens) and hands a ``DepthProgram`` to the model in the plan; the model's layer loop
-(``common.run_layers``) then runs ``DepthProgram.run`` instead of its plain loop. Per layer ``i``:
+(``common.run_layers``) then runs ``run_program`` (the plan, ``cache.depth_plan.DepthProgram``, with it) instead of its plain loop. Per layer ``i``:
 
 * the input hidden states of the computed slots are written into a per-call cache ``hidden`` [L, B, T, d] (the
   hidden-state cache that lets a later layer take every slot up again);
@@ -23,118 +23,61 @@ What the policy reads back (the picks, each row's refresh layer, the per-layer `
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from dlm_decode.cache.depth_plan import DepthProgram
 from dlm_decode.models.common import EAGER, EagerLayers, Index, Layer, apply_rope
 
 
-@dataclass
-class DepthMemory:
-    """Per-call state of the depth-aware forward (kept by the policy in ``state.scratch``)."""
-
-    hidden: torch.Tensor | None = None  # [L, B, T, d] each layer's input of every slot, as last computed
-    picks: list[torch.Tensor] = field(default_factory=list)  # per layer, [B, track_num] most-attended decoded slots
-    boundary: torch.Tensor | None = None  # [B] layer each row refreshed from in the last forward (L: none)
-    sigma: torch.Tensor | None = None  # [L, B] drift test of the last forward (nan where not tested)
-    slot_layers: int = 0  # (slot, layer) pairs computed so far in the call, padding included (the compute)
-
-    def bind(self, n_layers: int, h: torch.Tensor, length: int) -> None:
-        b, d = h.shape[0], h.shape[-1]
-        if self.hidden is None or self.hidden.shape[1] != b:
-            self.hidden = h.new_zeros(n_layers, b, length, d)
-        self.picks = [h.new_zeros(0)] * n_layers
-        self.boundary = torch.full((b,), n_layers, dtype=torch.long, device=h.device)
-        self.sigma = torch.full((n_layers, b), math.nan, device=h.device)
-
-
-@dataclass
-class DepthProgram:
-    """One forward's depth-aware plan (see the module docstring). Tensors are [B, ...] for the decoding batch; with
-    classifier-free guidance the model's batch is twice that and they are repeated."""
-
-    memory: DepthMemory
-    positions: torch.Tensor  # [B, T] rope positions of every slot
-    window: torch.Tensor  # [B, W] slots whose queries pick the most-attended tokens (padded by repeats)
-    window_ok: torch.Tensor  # [B, W] bool: real window entries
-    attendable: torch.Tensor  # [B, T] bool: slots that may be picked (decoded, real)
-    track_num: int = 1
-    gamma: float = 0.9
-    full: bool = False  # a refresh step: every slot through every layer, no drift test
-    track: torch.Tensor | None = None  # [B, K] sorted tracked slots (a subset of the step's compute)
-
-    def run(
-        self,
-        blocks: Any,
-        h: torch.Tensor,  # [B, Q, d] embeddings of the computed slots
-        rope: Any,  # positions [B, N] -> (cos, sin), the model's ``rope_cos_sin``
-        kv: Any,  # the forward's ``cache.store.KVAccess`` (every row of the store, written)
-        slots: Index,
-        key_mask: torch.Tensor | None,  # [B, T]
-        rows: Index | None,
-        pieces: EagerLayers = EAGER,
-    ) -> torch.Tensor:  # [B, N, d] the last layer's output for ``rows``
-        n_layers, t = len(blocks), self.positions.shape[1]
-        b = h.shape[0]
-        plan = self._batch(b)
-        cur = _as_index(slots, b, t, h.device)  # [B, Q]
-        want = cur if rows is None else _take(cur, rows)  # [B, N] slot ids the caller wants back
-        mem = self.memory
-        mem.bind(n_layers, h, t)
-        refreshing = torch.full((b,), plan.full, dtype=torch.bool, device=h.device)
-        cos, sin = rope(plan.positions.gather(1, cur))
-        for i, block in enumerate(blocks):
-            testing = plan.track is not None and not bool(refreshing.all())
-            past = (
-                _rows_attention(block, plan, mem.hidden[i], plan.track, kv.store.keys(i), key_mask, rope)
-                if testing
-                else None
-            )
-            mem.hidden[i].scatter_(1, cur[..., None].expand_as(h), h)
-            r = _rows_of(cur, want) if i == n_layers - 1 else None
-            out = block(h, cos, sin, i, kv, cur, key_mask, None, r, pieces)
-            if testing:
-                now = _rows_attention(block, plan, mem.hidden[i], plan.track, kv.store.keys(i), key_mask, rope)
-                sigma = _drift(past, now, plan.track)  # [B]
-                mem.sigma[i] = sigma
-                start = (sigma < plan.gamma) & ~refreshing
-                if bool(start.any()):  # these rows recompute every slot from this layer on
-                    refreshing |= start
-                    mem.boundary[start] = i
-                    cur = _refresh_index(cur, refreshing, t)
-                    h = mem.hidden[i].gather(1, cur[..., None].expand(-1, -1, h.shape[-1]))
-                    cos, sin = rope(plan.positions.gather(1, cur))
-                    r = _rows_of(cur, want) if i == n_layers - 1 else None
-                    out = block(h, cos, sin, i, kv, cur, key_mask, None, r, pieces)
-            mem.slot_layers += cur.shape[0] * cur.shape[1]
-            mem.picks[i] = _pick(block, plan, mem.hidden[i], kv.store.keys(i), key_mask, rope)
-            h = out
-        return h
-
-    def _batch(self, b: int) -> DepthProgram:
-        """This program for a model batch of ``b`` rows (twice the decoding batch under classifier-free guidance)."""
-        n = self.positions.shape[0]
-        if b == n:
-            return self
-        if b != 2 * n:
-            raise ValueError(f"depth-aware forward: model batch {b} is neither the decoding batch {n} nor twice it")
-
-        def two(x: torch.Tensor | None) -> torch.Tensor | None:
-            return None if x is None else torch.cat([x, x])
-
-        return DepthProgram(
-            self.memory,
-            two(self.positions),
-            two(self.window),
-            two(self.window_ok),
-            two(self.attendable),
-            self.track_num,
-            self.gamma,
-            self.full,
-            two(self.track),
+def run_program(
+    self: DepthProgram,
+    blocks: Any,
+    h: torch.Tensor,  # [B, Q, d] embeddings of the computed slots
+    rope: Any,  # positions [B, N] -> (cos, sin), the model's ``rope_cos_sin``
+    kv: Any,  # the forward's ``cache.store.KVAccess`` (every row of the store, written)
+    slots: Index,
+    key_mask: torch.Tensor | None,  # [B, T]
+    rows: Index | None,
+    pieces: EagerLayers = EAGER,
+) -> torch.Tensor:  # [B, N, d] the last layer's output for ``rows``
+    n_layers, t = len(blocks), self.positions.shape[1]
+    b = h.shape[0]
+    plan = self.for_batch(b)
+    cur = _as_index(slots, b, t, h.device)  # [B, Q]
+    want = cur if rows is None else _take(cur, rows)  # [B, N] slot ids the caller wants back
+    mem = self.memory
+    mem.bind(n_layers, h, t)
+    refreshing = torch.full((b,), plan.full, dtype=torch.bool, device=h.device)
+    cos, sin = rope(plan.positions.gather(1, cur))
+    for i, block in enumerate(blocks):
+        testing = plan.track is not None and not bool(refreshing.all())
+        past = (
+            _rows_attention(block, plan, mem.hidden[i], plan.track, kv.store.keys(i), key_mask, rope)
+            if testing
+            else None
         )
+        mem.hidden[i].scatter_(1, cur[..., None].expand_as(h), h)
+        r = _rows_of(cur, want) if i == n_layers - 1 else None
+        out = block(h, cos, sin, i, kv, cur, key_mask, None, r, pieces)
+        if testing:
+            now = _rows_attention(block, plan, mem.hidden[i], plan.track, kv.store.keys(i), key_mask, rope)
+            sigma = _drift(past, now, plan.track)  # [B]
+            mem.sigma[i] = sigma
+            start = (sigma < plan.gamma) & ~refreshing
+            if bool(start.any()):  # these rows recompute every slot from this layer on
+                refreshing |= start
+                mem.boundary[start] = i
+                cur = _refresh_index(cur, refreshing, t)
+                h = mem.hidden[i].gather(1, cur[..., None].expand(-1, -1, h.shape[-1]))
+                cos, sin = rope(plan.positions.gather(1, cur))
+                r = _rows_of(cur, want) if i == n_layers - 1 else None
+                out = block(h, cos, sin, i, kv, cur, key_mask, None, r, pieces)
+        mem.slot_layers += cur.shape[0] * cur.shape[1]
+        mem.picks[i] = _pick(block, plan, mem.hidden[i], kv.store.keys(i), key_mask, rope)
+        h = out
+    return h
 
 
 def _rows_attention(block: Layer, plan: DepthProgram, hidden, slots, keys, key_mask, rope) -> torch.Tensor:

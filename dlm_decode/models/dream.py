@@ -26,6 +26,7 @@ from transformers import PretrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import MaskedLMOutput
 
 from dlm_decode.models.common import EAGER, DiffusionLMMixin, RMSNorm, layer_forward, rope_cos_sin
+from dlm_decode.models.depth import run_program
 from dlm_decode.models.schema import (
     ConfigSchema,
     Key,
@@ -254,7 +255,7 @@ class DreamModel(DiffusionLMMixin, PreTrainedModel):
         pieces = self.layer_pieces
         if layers is not None:  # Elastic-Cache's depth-aware loop (``depth.DepthProgram``)
             rope = partial(rope_cos_sin, head_dim=hd, theta=c.rope_theta)
-            return self.model.norm(layers.run(self.model.layers, h, rope, kv, slots, key_mask, rows, pieces))
+            return self.model.norm(run_program(layers, self.model.layers, h, rope, kv, slots, key_mask, rows, pieces))
         cos, sin = rope_cos_sin(positions, hd, c.rope_theta)
         last = len(self.model.layers) - 1
         for i, layer in enumerate(self.model.layers):

@@ -17,6 +17,7 @@ from transformers import PretrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import MaskedLMOutput
 
 from dlm_decode.models.common import EAGER, DiffusionLMMixin, RMSNorm, layer_forward, rope_cos_sin
+from dlm_decode.models.depth import run_program
 from dlm_decode.models.schema import (
     ConfigSchema,
     Key,
@@ -235,7 +236,7 @@ class LLaDAModelLM(DiffusionLMMixin, PreTrainedModel):
         pieces = self.layer_pieces
         if layers is not None:  # Elastic-Cache's depth-aware loop (``depth.DepthProgram``)
             rope = partial(rope_cos_sin, head_dim=hd, theta=self.config.rope_theta)
-            return t.ln_f(layers.run(t.blocks, h, rope, kv, slots, key_mask, rows, pieces))
+            return t.ln_f(run_program(layers, t.blocks, h, rope, kv, slots, key_mask, rows, pieces))
         cos, sin = rope_cos_sin(positions, hd, self.config.rope_theta)
         last = len(t.blocks) - 1
         for i, block in enumerate(t.blocks):
