@@ -29,8 +29,8 @@ class StepPlan:
     # the region's other slots flat logits and never commits them). None: every masked slot of the region. Must be
     # None at the block's last allowed step (``state.block_limit``), where the loop finishes the block.
     candidates: torch.Tensor | None = None
-    # a ``cache.depth_plan.DepthProgram`` (Elastic-Cache): the model runs its layers depth-aware, the compute set widening
-    # per row from the layer whose attention drifted; None: every layer computes ``compute``
+    # a ``cache.depth_plan.DepthProgram`` (Elastic-Cache): the model runs its layers depth-aware, the compute set
+    # widening per row from the layer whose attention drifted; None: every layer computes ``compute``
     layers: Any = None
 
 

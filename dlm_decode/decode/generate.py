@@ -11,6 +11,15 @@ references' batched loops. Every block has a step bound (the sampler's
 the loop always ends and never leaves a MASK. A row whose logits turn non-finite is stopped with an error message;
 the other rows go on.
 
+Decoding options (``gen_length``, ``block_length``, ``steps``, ``temperature``, ``top_p``, ``top_k``, ``seed``,
+``stop_at_eos``, ``cfg_scale``) come as keywords or as a ``DecodeConfig``. Lengths left unset (or None) are the
+checkpoint's own where its ``generation_config.json`` sets them (``core.generation_config``: the shipped demo models
+decode at gen length 32), else gen length 128 and the sampler's block; given ones always win. ``chat``: a text prompt
+is wrapped as one user turn of the chat template when True; None (default) follows the checkpoint's
+``generation_config.json`` (``chat``: the demo models were trained on chat prompts only), else False.
+``cuda_graphs``: replay a block's fixed-shape steps as CUDA graphs on a GPU (``models.graphs``; no cache, ``prefix``,
+``dual``; counts in ``GenerateOutput.graphs``). ``progress``: a tqdm bar of committed slots.
+
 ``compile=True`` (or a mode, ``models.compiled.MODES``) runs the layers' elementwise pieces through ``torch.compile``
 for this call, falling back to eager with one warning when compiling fails; None keeps the model's own setting
 (``models.compiled.set_compile``, default eager). See ``models/compiled.py`` for what is compiled and when it pays.
@@ -56,20 +65,8 @@ def generate(
     cuda_graphs: bool = False,
     **config_kwargs: Any,
 ) -> GenerateOutput:
-    """Decode a batch. ``prompts``: texts, chats, token-id lists, or a [B, P] tensor of ids (no padding).
-
-        Decoding options (``gen_length``, ``block_length``, ``steps``, ``temperature``, ``top_p``, ``top_k``, ``seed``,
-        ``stop_at_eos``, ``cfg_scale``) come as keywords or as a ``DecodeConfig``. Lengths left unset (or None) are the
-        checkpoint's own where its ``generation_config.json`` sets them (``core.generation_config``: the shipped demo
-        models decode at gen length 32), else gen length 128 and the sampler's block; given ones always win. ``chat``: a
-    text prompt is wrapped as one user turn of the chat template when True; None (default) follows the checkpoint's
-    ``generation_config.json`` (``chat``: the demo models were trained on chat prompts only), else False.
-        ``compile``: True or a
-        ``torch.compile`` mode compiles the layers' pieces (``models.compiled``), False decodes eagerly, None (default)
-        follows ``models.compiled.set_compile`` (eager unless set); the tokens are the eager path's.
-        ``cuda_graphs``: replay a block's fixed-shape steps as CUDA graphs on a GPU (``models.graphs``; no cache,
-        ``prefix``, ``dual``; counts in ``GenerateOutput.graphs``).
-    """
+    """Decode a batch. ``prompts``: texts, chats, token-id lists, or a [B, P] tensor of ids (no padding). The
+    options are described in the module docstring."""
     resolve_mode(compile)  # a bad mode fails before any work
     if not isinstance(cuda_graphs, bool):
         raise ValueError(f"cuda_graphs must be True or False, got {cuda_graphs!r}")
@@ -86,18 +83,26 @@ def generate(
         **config_kwargs,
     )
     state, store = prepare(model, rows, req, tokenizer)
-    name = f"{req.sampler.name}/{req.cache.name}"
-    bar = tqdm(total=len(rows) * req.config.gen_length, desc=name, leave=False) if progress else None
     start = time.perf_counter()
-    with using(model, compile), using_graphs(model, store, cuda_graphs) as graphs:
-        sched = Scheduler(model)
-        sched.add(0, Unit(state, req.sampler, req.cache, store, bar))
-        while sched.units:
-            sched.step()
-    if bar is not None:
-        bar.close()
-    seconds = time.perf_counter() - start
-    out = build_output(state, rows, req, store, seconds, tokenizer=tokenizer, trace=trace)
+    graphs = _run(model, Unit(state, req.sampler, req.cache, store), progress, compile, cuda_graphs)
+    out = build_output(state, rows, req, store, time.perf_counter() - start, tokenizer=tokenizer, trace=trace)
     if graphs is not None:
         out.graphs = graphs.counts()
     return out
+
+
+def _run(model: Any, unit: Unit, progress: bool, compile: bool | str | None, cuda_graphs: bool) -> Any:
+    """Run the batch's unit through the step scheduler until it is done; the call's step graphs (or None)."""
+    state = unit.state
+    if progress:
+        unit.bar = tqdm(
+            total=state.batch * state.gen_length, desc=f"{unit.sampler.name}/{unit.cache.name}", leave=False
+        )
+    with using(model, compile), using_graphs(model, unit.store, cuda_graphs) as graphs:
+        sched = Scheduler(model)
+        sched.add(0, unit)
+        while sched.units:
+            sched.step()
+    if unit.bar is not None:
+        unit.bar.close()
+    return graphs

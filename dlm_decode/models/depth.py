@@ -4,7 +4,8 @@ query slots, and from the first layer whose attention drifted on, a row recomput
 Paper: Nguyen-Tri, Ranjan, Shen, "Attention Is All You Need for KV Cache in Diffusion LLMs" (arXiv 2510.14973). The
 policy plans a step's query slots (``compute``: the sliding window of masks, the tokens decoded last step and the
 tracked most-attended tokens) and hands a ``DepthProgram`` to the model in the plan; the model's layer loop
-(``common.run_layers``) then runs ``run_program`` (the plan, ``cache.depth_plan.DepthProgram``, with it) instead of its plain loop. Per layer ``i``:
+(``common.run_layers``) then runs ``run_program`` with the plan (``cache.depth_plan.DepthProgram``) instead of
+its plain loop. Per layer ``i``:
 
 * the input hidden states of the computed slots are written into a per-call cache ``hidden`` [L, B, T, d] (the
   hidden-state cache that lets a later layer take every slot up again);
