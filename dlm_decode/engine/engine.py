@@ -314,7 +314,9 @@ class Engine:
         if reason is None:
             self._push(live, done=True)
         seconds = time.perf_counter() - live.started
-        out = build_output(unit.state, [sub.prompt_ids], sub.request, unit.store, seconds, tokenizer=self.tokenizer)
+        out = build_output(
+            unit.state, [sub.prompt_ids], sub.request, unit.store, seconds, tokenizer=self.tokenizer, trace=True
+        )
         row = out.rows[0]
         error = self.scheduler.failed.pop(hid, None) or row.error
         answer = settled_ids(live.unit, True)[0]
@@ -326,5 +328,6 @@ class Engine:
         result = EngineResult(
             hid, sub.prompt_ids, row.generated_ids, row.text, row.nfe, out.token_forwards, reason, error,
             row.accepted_steps, live.started - live.handle.submitted, seconds, stats,
+            [c[0] for c in out.tokens_per_step], out.trace[0].tolist(),
         )  # fmt: skip
         live.handle._finish(result)

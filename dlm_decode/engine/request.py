@@ -47,6 +47,8 @@ class EngineResult:
     queued_seconds: float = 0.0  # from submit to its first step
     seconds: float = 0.0  # from its first step to its end
     stats: dict[str, Any] = field(default_factory=dict)  # sampler, cache and config decoded with
+    commits: list[int] = field(default_factory=list)  # per forward it took part in, the slots it committed
+    trace: list[int] | None = None  # per generation slot, the request's step that committed it (-1: none)
 
     @property
     def completion_ids(self) -> list[int]:

@@ -7,9 +7,11 @@
 
 The CLI is ``dlm-decode parallelbench`` (:mod:`dlm_decode.parallelbench.cli`).
 
-Per task: every sample's chat is built by ``build_messages`` and rendered by the model's chat template inside
-``generate(chat=True)``; rows are decoded ``batch_size`` at a time, sorted by prompt length to cut padding (a padded row
-decodes exactly as it would alone, so batching never changes an answer). ``gen_length`` is the task's ``max_new_tokens``
+Per task: every sample's chat is built by ``build_messages`` and rendered by the model's chat template (``chat=True``);
+the samples are decoded by the continuous-batching engine (``dlm_decode.engine``), ``batch_size`` at a time, a
+finished one's row taken at once by the next (each decodes exactly as it would alone, so batching never changes an
+answer). The oracle and the reference pass (and options the engine does not take) run ``generate`` in static
+batches of ``batch_size``, sorted by prompt length to cut padding. ``gen_length`` is the task's ``max_new_tokens``
 (32 waiting line, 64 puzzles and text) unless the decoding options set one (the task's budget is the benchmark's, so a
 checkpoint's ``generation_config.json`` gen length does not replace it); a block longer than the generation is clipped
 to it. An unset block length is the checkpoint's (``generation_config.json``, clipped to the task's gen length;
@@ -35,6 +37,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,6 +49,7 @@ from dlm_decode.core.inputs import ModelFacts, encode_prompts
 from dlm_decode.core.words import plural
 from dlm_decode.decode import check_request, generate, oracle_generate
 from dlm_decode.decode.request import default_cache
+from dlm_decode.engine import REQUEST_OPTIONS, Engine
 from dlm_decode.parallelbench.generator import generate_task, load_names, sample_key
 from dlm_decode.parallelbench.metrics import MetricUnavailable, score_sample
 from dlm_decode.parallelbench.tasks import Task, answer_text, list_tasks, load_task, max_new_tokens, task_kind
@@ -302,15 +306,75 @@ def run_task(
     is_ref = _is_reference(kw, ModelFacts.of_model(model))
     chats = [task.messages(i) for i in range(len(task))]
     order = sorted(range(len(chats)), key=lambda i: sum(len(m["content"]) for m in chats[i]))
-    texts: list[str] = [""] * len(chats)
-    nfe = [0] * len(chats)
-    oracle_nfe = [0] * len(chats)
-    ref_texts: list[str] = [""] * len(chats)
-    errors, seconds = 0, 0.0
-    token_forwards, accepted, calls = 0, 0, 0
-    trace0 = None
-    result = TaskResult(task.name, len(task), gen)
     bar = tqdm(total=len(chats), desc=task.name, unit="sample", disable=not progress)
+    if not want_oracle and not is_ref and set(kw) <= set(REQUEST_OPTIONS):
+        got = _engine_answers(model, tokenizer, chats, order, kw, batch_size, bar)
+    else:
+        ways = (want_oracle, as_oracle, is_ref)
+        got = _batch_answers(model, tokenizer, chats, order, kw, batch_size, bar, ways, task.name)
+    bar.close()
+    result = TaskResult(task.name, len(task), gen, sampler=got.sampler, cache=got.cache)
+    texts, nfe = got.texts, got.nfe
+    _score(result, task, texts, nfe)
+    n = len(task)
+    result.token_forwards = got.token_forwards / n
+    result.accepted_steps_per_call = got.accepted / got.calls if got.calls else None
+    result.seconds = got.seconds
+    result.tokens_per_second = n * gen / got.seconds if got.seconds > 0 else None
+    result.errors, result.threads, result.trace = got.errors, torch.get_num_threads(), got.trace0
+    if want_oracle:
+        _score_oracle(result, task, got.ref_texts, got.oracle_nfe)
+    return result
+
+
+@dataclass
+class _Answers:
+    """A task's decoded answers and the statistics ``run_task`` reports (per sample, in task order)."""
+
+    texts: list[str]
+    nfe: list[int]
+    sampler: dict[str, Any] = field(default_factory=dict)
+    cache: dict[str, Any] = field(default_factory=dict)
+    seconds: float = 0.0
+    errors: int = 0
+    token_forwards: int = 0
+    accepted: int = 0
+    calls: int = 0
+    trace0: list[int] | None = None
+    ref_texts: list[str] = field(default_factory=list)
+    oracle_nfe: list[int] = field(default_factory=list)
+
+
+def _engine_answers(model, tokenizer, chats, order, kw, batch_size, bar) -> _Answers:
+    """The method's answers from the continuous-batching engine (``batch_size`` requests at a time, each as it
+    decodes alone, a finished one's row taken at once by the next)."""
+    eng = Engine(model, tokenizer, max_batch=batch_size)
+    start = time.perf_counter()
+    handles = {i: eng.submit(chats[i], chat=True, **kw) for i in order}
+    done = 0
+    while eng.step():
+        now = sum(h.done for h in handles.values())
+        bar.update(now - done)
+        done = now
+    bar.update(len(chats) - done)
+    got = _Answers([""] * len(chats), [0] * len(chats), seconds=time.perf_counter() - start)
+    for i, h in handles.items():
+        r = h.result()
+        got.texts[i], got.nfe[i] = r.text or "", r.nfe
+        got.errors += r.error is not None
+        got.token_forwards += r.token_forwards
+        got.accepted += r.accepted_steps
+        got.calls += r.nfe
+        got.sampler, got.cache = r.stats["sampler"], r.stats["cache"]
+    got.trace0 = handles[0].result().trace if 0 in handles else None
+    return got
+
+
+def _batch_answers(model, tokenizer, chats, order, kw, batch_size, bar, ways, name) -> _Answers:
+    """The answers from static batches of ``generate`` (the reference and oracle passes, and options the engine
+    does not take). ``ways``: (the oracle wanted, the oracle as the method, the method is the reference)."""
+    want_oracle, as_oracle, is_ref = ways
+    got = _Answers([""] * len(chats), [0] * len(chats), ref_texts=[""] * len(chats), oracle_nfe=[0] * len(chats))
     for b0 in range(0, len(order), batch_size):
         idx = order[b0 : b0 + batch_size]
         batch = [chats[i] for i in idx]
@@ -318,10 +382,10 @@ def run_task(
         if want_oracle:
             ref, orc, _ = oracle_generate(model, batch, tokenizer=tokenizer, chat=True, trace=True, **oracle_kwargs(kw))
             if not torch.equal(orc.generated, ref.generated):
-                raise RuntimeError(f"{task.name}: the oracle did not reproduce its reference answer")
+                raise RuntimeError(f"{name}: the oracle did not reproduce its reference answer")
             for j, i in enumerate(idx):
-                oracle_nfe[i] = orc.rows[j].nfe
-                ref_texts[i] = ref.rows[j].text or ""
+                got.oracle_nfe[i] = orc.rows[j].nfe
+                got.ref_texts[i] = ref.rows[j].text or ""
         elif is_ref:
             ref = generate(model, batch, tokenizer=tokenizer, chat=True, trace=True, **reference_kwargs(kw))
         if as_oracle:
@@ -331,32 +395,20 @@ def run_task(
             out = ref
         else:
             out = generate(model, batch, tokenizer=tokenizer, chat=True, trace=True, **kw)
-        seconds += out.seconds
-        token_forwards += out.token_forwards
-        accepted += sum(r.accepted_steps for r in out.rows)
-        calls += sum(r.nfe for r in out.rows)
-        result.sampler = {} if as_oracle else out.sampler
-        result.cache = out.cache
+        got.seconds += out.seconds
+        got.token_forwards += out.token_forwards
+        got.accepted += sum(r.accepted_steps for r in out.rows)
+        got.calls += sum(r.nfe for r in out.rows)
+        got.sampler = {"name": "oracle"} if as_oracle else out.sampler
+        got.cache = out.cache
         for j, i in enumerate(idx):
             row = out.rows[j]
-            texts[i], nfe[i] = row.text or "", row.nfe
-            errors += row.error is not None
+            got.texts[i], got.nfe[i] = row.text or "", row.nfe
+            got.errors += row.error is not None
             if i == 0:
-                trace0 = out.trace[j].tolist()
+                got.trace0 = out.trace[j].tolist()
         bar.update(len(idx))
-    bar.close()
-    _score(result, task, texts, nfe)
-    n = len(task)
-    result.token_forwards = token_forwards / n
-    result.accepted_steps_per_call = accepted / calls if calls else None
-    result.seconds = seconds
-    result.tokens_per_second = n * gen / seconds if seconds > 0 else None
-    result.errors, result.threads, result.trace = errors, torch.get_num_threads(), trace0
-    if as_oracle:
-        result.sampler = {"name": "oracle"}
-    if want_oracle:
-        _score_oracle(result, task, ref_texts, oracle_nfe)
-    return result
+    return got
 
 
 def _score_oracle(result: TaskResult, task: Task, ref_texts: list[str], oracle_nfe: list[int]) -> None:
