@@ -87,10 +87,11 @@ def cut_answer(row: Any, until: list[str], tokenizer: Any, mask_id: int) -> str:
     return text[: min(ends)] if ends else text
 
 
-def answer_stats(req: Any, row: Any, out: Any, j: int, prompt_tokens: int, gen_length: int) -> dict[str, Any]:
-    """Statistics of row ``j`` of a ``GenerateOutput``: forwards it took part in (``nfe``), tokens it committed,
-    their ratio (``tokens_per_step``) and the per-step commits (trailing idle steps dropped)."""
-    per_step = [step[j] for step in out.tokens_per_step]
+def answer_stats(req: Any, result: Any, prompt_tokens: int, gen_length: int, rows: int) -> dict[str, Any]:
+    """Statistics of one answer (an ``engine.EngineResult``): forwards it took part in (``nfe``), tokens it committed,
+    their ratio (``tokens_per_step``), the per-step commits (trailing idle steps dropped), the requests decoded beside
+    it at most (``batch_rows``) and its own decoding seconds."""
+    per_step = list(result.commits)
     while per_step and per_step[-1] == 0:
         per_step.pop()
     committed = sum(per_step)
@@ -100,15 +101,15 @@ def answer_stats(req: Any, row: Any, out: Any, j: int, prompt_tokens: int, gen_l
         "idx": getattr(req, "idx", None),
         "prompt_tokens": prompt_tokens,
         "gen_length": gen_length,
-        "nfe": row.nfe,
+        "nfe": result.nfe,
         "committed": committed,
-        "tokens_per_step": committed / row.nfe if row.nfe else 0.0,
+        "tokens_per_step": committed / result.nfe if result.nfe else 0.0,
         "step_commits": per_step,
-        "batch_rows": len(out.rows),
-        "batch_seconds": out.seconds,
-        "sampler": out.sampler,
-        "cache": out.cache,
-    } | ({"error": row.error} if row.error else {})
+        "batch_rows": rows,
+        "seconds": result.seconds,
+        "sampler": result.stats.get("sampler", {}),
+        "cache": result.stats.get("cache", {}),
+    } | ({"error": result.error} if result.error else {})
 
 
 def append_jsonl(path: str | Path, records: list[dict[str, Any]], rank: int = 0, world_size: int = 1) -> None:

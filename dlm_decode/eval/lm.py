@@ -6,9 +6,10 @@
     # or an instance: lm_eval.simple_evaluate(model=DLMDecodeLM(pretrained="demo-llada"), ...)
     # or the CLI:     dlm-decode eval --model_args pretrained=demo-llada --tasks dlm_tiny_mc
 
-``generate_until`` decodes with ``dlm_decode.generate`` in left-padded batches (sorted by prompt length, answers
-returned in request order; a padded row decodes as it would alone, so the batch size never changes an answer at
-temperature 0), cuts at every ``until`` string, and records per-request statistics. ``loglikelihood`` is the
+``generate_until`` decodes every request on the continuous-batching engine (``dlm_decode.engine``: ``batch_size``
+requests in flight, a finished one's row taken at once by the next, answers returned in request order; each request
+decodes as it would alone, so the batch size never changes an answer), cuts at every ``until`` string, and records
+per-request statistics. ``loglikelihood`` is the
 Monte Carlo ELBO of :mod:`dlm_decode.eval.likelihood`. ``loglikelihood_rolling`` splits a text into windows of
 ``max_length - 1`` tokens and scores each window as the continuation of one prefix token (BOS, else EOS); windows are
 independent (no context carried across), so long-document perplexity is an upper bound from the ELBO.
@@ -26,6 +27,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from dataclasses import asdict
 from typing import Any
 
 import torch
@@ -35,7 +37,7 @@ from tqdm.auto import tqdm
 
 from dlm_decode.cache import get_cache
 from dlm_decode.core.config import DEFAULT_BLOCK_LENGTH, resolve_lengths
-from dlm_decode.decode import generate
+from dlm_decode.engine import Engine
 from dlm_decode.eval import likelihood
 from dlm_decode.eval.answers import answer_stats, append_jsonl, attach_stats, cut_answer
 from dlm_decode.eval.options import EvalOptions, check_decoding, decode_config, describe, parse_model_args
@@ -297,30 +299,21 @@ class DLMDecodeLM(LM):
         out: list[str] = [""] * len(requests)
         records: list[dict[str, Any]] = [{}] * len(requests)  # in request order
         bar = self._bar(len(requests), "generate_until", disable_tqdm)
-        groups: dict[int, list[Any]] = {}
-        for it in items:
-            groups.setdefault(it[3], []).append(it)
         per_call = min(self.batch_size, self.options.max_batch)
-        for gen_length, group in groups.items():
-            group.sort(key=lambda it: -len(it[1]))  # longest first; stable, so ties keep request order
-            cfg = decode_config(self.options, gen_length)
-            for s in range(0, len(group), per_call):
-                chunk = group[s : s + per_call]
-                res = generate(
-                    self.model,
-                    [it[1] for it in chunk],
-                    tokenizer=self.tokenizer,
-                    sampler=self.sampler,
-                    cache=self.cache,
-                    config=cfg,
-                )
-                for j, (it, row) in enumerate(zip(chunk, res.rows, strict=True)):
-                    index, ids, until, _, req = it
-                    text = cut_answer(row, until, self.tokenizer, self.model.mask_token_id)
-                    stats = answer_stats(req, row, res, j, len(ids), gen_length)
-                    out[index], records[index] = str(text), stats
-                    self.cache_hook.add_partial("generate_until", req.args, text)
-                bar.update(len(chunk))
+        engine = Engine(self.model, self.tokenizer, max_batch=per_call)
+        opts = {"sampler": self.sampler, "cache": self.cache}
+        handles = [engine.submit(it[1], **opts, **asdict(decode_config(self.options, it[3]))) for it in items]
+        done = 0
+        while engine.step():  # every request in flight at once, per_call decoded together
+            now = sum(h.done for h in handles)
+            bar.update(now - done)
+            done = now
+        bar.update(len(items) - done)
+        for (index, ids, until, gen_length, req), h in zip(items, handles, strict=True):
+            result = h.result()
+            text = cut_answer(result, until, self.tokenizer, self.model.mask_token_id)
+            out[index], records[index] = str(text), answer_stats(req, result, len(ids), gen_length, per_call)
+            self.cache_hook.add_partial("generate_until", req.args, text)
         bar.close()
         for req, stats in zip(requests, records, strict=True):  # a repeated request's records line up with its
             attach_stats(req, stats)  # responses
