@@ -139,6 +139,7 @@ EXPECT = {  # block (file, text it contains) -> what its stdout must contain
     ("README.md", "dlm_decode.load_model"): '["Mary Johnson", "David Smith", "Lisa Brown"]',
     ("README.md", 'generate demo-llada --chat "$COPY"'): '["Mary Johnson", "David Smith", "Lisa Brown"]',
     ("docs/samplers.md", 'generate demo-llada --chat "$COPY"'): "Mary Johnson",
+    ("README.md", "eng = Engine(model, tok, max_batch=4)"): '["Mary Johnson", "David Smith", "Lisa Brown"]',
 }
 
 NEEDS_DATA = re.compile(
