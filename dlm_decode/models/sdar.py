@@ -56,7 +56,7 @@ SDAR_SCHEMA = ConfigSchema(
         "vocab_size": positive_int(required=True, official=151936),
         "intermediate_size": positive_int(required=True, official=6144),
         "num_key_value_heads": positive_int(nullable=True),
-        "head_dim": positive_int(nullable=True),
+        "head_dim": positive_int(),  # absent: 128 (the reference class's default); null fails in the reference
         "hidden_act": Key("str", choices=("silu",)),
         "attention_bias": flag(),
         "tie_word_embeddings": flag(),
