@@ -144,15 +144,26 @@ def test_temperature_zero_is_the_top_k_one_decode(ckpt, capsys):
         _same(_cli(capsys, path, [LONG], greedy, "prefix")["rows"][0], ref)
 
 
-def test_batch_rows_equal_their_reference_alone(ckpt, capsys):
-    """Prompts of three lengths in one call (left padding, each row on its own grid), top-k 1: each row equals the
-    reference run alone; rows stop after their own EOS block."""
+@pytest.mark.parametrize(
+    "case",
+    [
+        (4, 4, 0.9, "low_confidence_dynamic", 1.0, 1, 1.0, 0, 24),  # top-k 1
+        (4, 4, 0.9, "low_confidence_dynamic", 1.0, 0, 1.0, 3, 24),  # seeded sampling, the published setting
+        (8, 8, 0.5, "low_confidence_dynamic", 0.8, 0, 1.0, 1, 20),
+        (8, 4, 0.9, "sequential", 1.3, 10, 0.8, 5, 17),
+    ],
+    ids=["topk1", "seeded-b4", "seeded-b8", "sequential"],
+)
+def test_batch_rows_equal_their_reference_alone(ckpt, capsys, case):
+    """Prompts of three lengths in one call (left padding, each row on its own grid, its own generator): each row
+    equals the reference run alone after ``torch.manual_seed(seed)``; rows stop after their own EOS block."""
     path, ref_model = ckpt
-    case = (4, 4, 0.9, "low_confidence_dynamic", 1.0, 1, 1.0, 0, 24)
     refs = [_reference(ref_model, p, case) for p in (MID, ON8, LONG)]
-    out = _cli(capsys, path, [MID, ON8, LONG], case, "prefix")
-    for row, ref in zip(out["rows"], refs, strict=True):
-        _same(row, ref)
+    assert all(r.departs == set() for r in refs)
+    for cache in ("prefix", "none"):
+        out = _cli(capsys, path, [MID, ON8, LONG], case, cache)
+        for row, ref in zip(out["rows"], refs, strict=True):
+            _same(row, ref)
 
 
 def test_cached_decode_computes_less_with_the_same_tokens(tmp_path):
