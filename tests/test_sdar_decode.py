@@ -9,6 +9,7 @@ reference with the exact cache."""
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
@@ -214,3 +215,30 @@ def test_mask_is_never_committed(ckpt):
             model, [MID], sampler="sdar", gen_length=16, block_length=4, steps=4, temperature=1.0, top_k=k, seed=1
         )
         assert MASK not in out.rows[0].generated_ids
+
+
+def test_lm_eval_plugin_takes_an_sdar_checkpoint(tmp_path):
+    """generate_until gives the text of ``dlm_decode.generate``'s tokens under the same options (the plugin's own
+    decode), and loglikelihood the block ELBO (finite, negative), with the mask id taken from the
+    tokenizer when config.json has none (``generate.py``'s fallback)."""
+    from checkpoints import write_tokenizer
+    from lm_eval.api.instance import Instance
+
+    from dlm_decode.eval.lm import DLMDecodeLM
+
+    path = write_sdar(tmp_path / "m", seed=0, head_scale=2.5)
+    cfg = json.loads((path / "config.json").read_text())
+    del cfg["mask_token_id"]
+    (path / "config.json").write_text(json.dumps(cfg))
+    write_tokenizer(path)
+    opts = dict(sampler="sdar", gen_length=8, block_length=4, steps=4, temperature=1.0, seed=2, cache="prefix")
+    lm = DLMDecodeLM(pretrained=str(path), mc_num=8, progress=False, device="cpu", greedy_check=False, **opts)
+    assert lm.model.mask_token_id == MASK
+    req = Instance("generate_until", {}, ("w7 w8 w9", {"until": ["never"]}), 0, ("t", 0, 1))
+    (text,) = lm.generate_until([req])
+    ids = lm.tokenizer("w7 w8 w9")["input_ids"]
+    kw = {k: v for k, v in opts.items() if k != "sampler"}
+    direct = dlm_decode.generate(lm.model, [ids], tokenizer=lm.tokenizer, sampler="sdar", **kw).rows[0].text
+    assert text == direct and text.strip()
+    lls = lm.loglikelihood([Instance("loglikelihood", {}, ("w7 w8", f" w{i}"), 0, ("t", i, 1)) for i in (9, 30)])
+    assert all(math.isfinite(ll) and ll < 0 for ll, _ in lls)
