@@ -8,7 +8,8 @@ The checkpoint is what ``SDARForCausalLM.save_pretrained`` of the published mode
 
 ``ReferenceSDAR`` follows ``modeling_sdar.py`` step by step: per-head RMSNorm of q and k before RoPE (fp32 tables cast
 to the model dtype), eager attention with ``repeat_kv``, the caller's float mask turned into 0 / ``finfo.min``
-(``> 0`` visible) and sliced to the keys, softmax in fp32, SwiGLU MLP, final norm, lm_head. Its cache is the
+(``> 0`` visible) and sliced to the keys, softmax in fp32, SwiGLU MLP (``sdar_moe``: Qwen3-MoE's sparse block on
+the layers its rule makes sparse), final norm, lm_head. Its cache is the
 reference's ``store_kv`` protocol over a ``DynamicCache``: ``store_kv=True`` appends the call's K/V to the cache,
 ``store_kv=False`` attends to cache + call without keeping them.
 """
@@ -94,19 +95,53 @@ def sdar_state_dict(cfg: dict, seed: int = 0, scale: float = 0.3) -> dict[str, t
             sd[f"{p}.self_attn.o_proj.bias"] = w(d)
         sd[f"{p}.self_attn.q_norm.weight"] = norm(hd)
         sd[f"{p}.self_attn.k_norm.weight"] = norm(hd)
-        inner = cfg["intermediate_size"]
-        sd[f"{p}.mlp.gate_proj.weight"] = w(inner, d)
-        sd[f"{p}.mlp.up_proj.weight"] = w(inner, d)
-        sd[f"{p}.mlp.down_proj.weight"] = w(d, inner)
+        if i in _moe_layers(cfg):
+            sd[f"{p}.mlp.gate.weight"] = w(cfg["num_experts"], d) * 3.0  # peaked routing: the top-k matters
+            mlps, inner = [f"{p}.mlp.experts.{e}" for e in range(cfg["num_experts"])], cfg["moe_intermediate_size"]
+        else:
+            mlps, inner = [f"{p}.mlp"], cfg["intermediate_size"]
+        for m in mlps:
+            sd[f"{m}.gate_proj.weight"] = w(inner, d)
+            sd[f"{m}.up_proj.weight"] = w(inner, d)
+            sd[f"{m}.down_proj.weight"] = w(d, inner)
     return sd
 
 
-def write_sdar(path: Path, seed: int = 0, eos_scale: float | None = None, head_scale: float = 1.0, **over) -> Path:
-    """A checkpoint directory. ``eos_scale``: multiplies the output row of EOS (plants EOS answers); ``head_scale``
-    (untied only): multiplies lm_head and zeroes its MASK row, so MASK, at logit 0 among logits of a wider spread,
-    is (almost) never drawn, as with trained checkpoints."""
+def sdar_moe_config(**over) -> dict:
+    """SDAR-MoE (``model_type: sdar_moe``, Qwen3-MoE keys): 6 experts, top 2 renormalised, layer 0 dense."""
+    cfg = sdar_config(
+        architectures=["SDARMoeForCausalLM"],
+        model_type="sdar_moe",
+        num_experts=6,
+        num_experts_per_tok=2,
+        moe_intermediate_size=16,
+        norm_topk_prob=True,
+        decoder_sparse_step=1,
+        mlp_only_layers=[0],
+        output_router_logits=False,
+        router_aux_loss_coef=0.001,
+    )
+    cfg["auto_map"] = {k: v.replace("sdar.SDAR", "sdar_moe.SDARMoe") for k, v in cfg["auto_map"].items()}
+    cfg.update(over)
+    return cfg
+
+
+def _moe_layers(cfg: dict) -> list[int]:
+    """Qwen3-MoE's rule for which layers are sparse."""
+    if not cfg.get("num_experts"):
+        return []
+    step, dense = cfg.get("decoder_sparse_step", 1), cfg.get("mlp_only_layers") or []
+    return [i for i in range(cfg["num_hidden_layers"]) if i not in dense and (i + 1) % step == 0]
+
+
+def write_sdar(
+    path: Path, seed: int = 0, eos_scale: float | None = None, head_scale: float = 1.0, moe: bool = False, **over
+) -> Path:
+    """A checkpoint directory (``moe``: in the ``sdar_moe`` format). ``eos_scale``: multiplies the output row of EOS
+    (plants EOS answers); ``head_scale`` (untied only): multiplies lm_head and zeroes its MASK row, so MASK, at logit
+    0 among logits of a wider spread, is (almost) never drawn, as with trained checkpoints."""
     path.mkdir(parents=True, exist_ok=True)
-    cfg = sdar_config(**over)
+    cfg = sdar_moe_config(**over) if moe else sdar_config(**over)
     sd = sdar_state_dict(cfg, seed)
     head = "model.embed_tokens.weight" if cfg["tie_word_embeddings"] else "lm_head.weight"
     if head_scale != 1.0:
@@ -129,6 +164,13 @@ def _rms(x, w, eps):
 def _rotate_half(x):
     x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2 :]
     return torch.cat((-x2, x1), dim=-1)
+
+
+def _swiglu(sd, m, x):
+    return F.linear(
+        F.silu(F.linear(x, sd[f"{m}.gate_proj.weight"])) * F.linear(x, sd[f"{m}.up_proj.weight"]),
+        sd[f"{m}.down_proj.weight"],
+    )
 
 
 class ReferenceSDAR:
@@ -179,7 +221,24 @@ class ReferenceSDAR:
             h = h + F.linear(a, sd[f"{p}.o_proj.weight"], sd.get(f"{p}.o_proj.bias"))
             x = _rms(h, sd[f"model.layers.{i}.post_attention_layernorm.weight"], eps)
             m = f"model.layers.{i}.mlp"
-            gate = F.silu(F.linear(x, sd[f"{m}.gate_proj.weight"])) * F.linear(x, sd[f"{m}.up_proj.weight"])
-            h = h + F.linear(gate, sd[f"{m}.down_proj.weight"])
+            h = h + (self._moe(m, x) if i in _moe_layers(cfg) else _swiglu(sd, m, x))
         head = sd["model.embed_tokens.weight"] if cfg["tie_word_embeddings"] else sd["lm_head.weight"]
         return F.linear(_rms(h, sd["model.norm.weight"], eps), head)
+
+    def _moe(self, m, x):
+        """Qwen3-MoE's sparse block: router logits, softmax in fp32, top-k (renormalised with norm_topk_prob), each
+        expert over the tokens routed to it, weighted, summed."""
+        cfg, sd = self.cfg, self.sd
+        b, t, d = x.shape
+        flat = x.reshape(-1, d)
+        probs = F.softmax(F.linear(flat, sd[f"{m}.gate.weight"]), dim=1, dtype=torch.float)
+        w, chosen = torch.topk(probs, cfg["num_experts_per_tok"], dim=-1)
+        if cfg["norm_topk_prob"]:
+            w = w / w.sum(dim=-1, keepdim=True)
+        w = w.to(x.dtype)
+        out = torch.zeros_like(flat)
+        for e in range(cfg["num_experts"]):
+            token, slot = torch.where(chosen == e)
+            if len(token):
+                out.index_add_(0, token, _swiglu(sd, f"{m}.experts.{e}", flat[token]) * w[token, slot, None])
+        return out.view(b, t, d)

@@ -242,3 +242,19 @@ def test_lm_eval_plugin_takes_an_sdar_checkpoint(tmp_path):
     assert text == direct and text.strip()
     lls = lm.loglikelihood([Instance("loglikelihood", {}, ("w7 w8", f" w{i}"), 0, ("t", i, 1)) for i in (9, 30)])
     assert all(math.isfinite(ll) and ll < 0 for ll, _ in lls)
+
+
+@pytest.mark.parametrize("case", [GRID[1], GRID[4]], ids=["seeded-dynamic", "sequential-topp"])
+def test_sdar_moe_cli_equals_reference(tmp_path, capsys, case):
+    """SDAR-30B-A3B's format (``sdar_moe``: Qwen3-MoE feed-forwards) decodes like SDAR: the reference's tokens."""
+    path = write_sdar(tmp_path / "m", seed=1, head_scale=2.5, moe=True)
+    ref_model = ReferenceSDAR(
+        json.loads((path / "config.json").read_text()), load_file(str(path / "model.safetensors"))
+    )
+    for prompt in (MID, LONG):
+        ref = _reference(ref_model, prompt, case)
+        assert ref.departs == set()
+        for cache in ("prefix", "none"):
+            row = _cli(capsys, path, [prompt], case, cache)["rows"][0]
+            _same(row, ref)
+            assert row["nfe"] == ref.nfe - ref.stores

@@ -11,13 +11,14 @@ from types import SimpleNamespace
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from sdar_reference import EOS, MASK, ReferenceSDAR, sdar_config, write_sdar
+from sdar_reference import EOS, MASK, ReferenceSDAR, sdar_config, sdar_moe_config, write_sdar
 from transformers import AutoConfig, AutoModel
 
 from dlm_decode.cache import KVStore
 from dlm_decode.cli import main
 from dlm_decode.models.loading import load_model, model_facts
 from dlm_decode.models.sdar import SDARConfig, SDARForCausalLM
+from dlm_decode.models.sdar_moe import SDARMoeForCausalLM
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -142,3 +143,61 @@ def test_mask_id_from_config_else_tokenizer_else_a_clear_error(tmp_path, capsys)
         model = SDARForCausalLM(SDARConfig(**cfg))
     model.adopt_tokenizer_ids(SimpleNamespace(mask_token_id=5, eos_token_id=7))
     assert model.mask_token_id == 5 and model.eos_token_ids == [EOS]  # config.json's EOS stays
+
+
+# ------------------------------------------------------------------------------------------------- sdar_moe
+
+
+@pytest.mark.parametrize(
+    "over",
+    [{}, {"norm_topk_prob": False, "mlp_only_layers": [], "num_experts_per_tok": 1}, {"decoder_sparse_step": 2}],
+    ids=["official-dense-first", "unnormalised-top1", "every-second-layer"],
+)
+def test_moe_logits_equal_reference(tmp_path, over):
+    path = write_sdar(tmp_path / "m", seed=5, moe=True, **over)
+    model, _ = load_model(path)
+    assert isinstance(model, SDARMoeForCausalLM)
+    kinds = [type(layer.mlp).__name__ for layer in model.model.layers]
+    assert "SoftmaxMoE" in kinds
+    ids = torch.randint(0, MASK + 1, (2, 21), generator=torch.Generator().manual_seed(1))
+    ref = _ref(path)(ids, _grid(21, 4))
+    assert (model(ids, block_length=4).logits - ref).abs().max() < 1e-4
+    for layer in model.model.layers:  # the grouped expert path gives the same sums
+        layer.mlp.grouped = True
+    assert (model(ids, block_length=4).logits - ref).abs().max() < 1e-4
+
+
+@torch.no_grad()
+def test_moe_routing_is_real(tmp_path):
+    """The router's choice and renormalisation change the logits (a dense stand-in would not pass the test above)."""
+    path = write_sdar(tmp_path / "m", seed=5, moe=True)
+    model, _ = load_model(path)
+    ids = torch.arange(20)[None]
+    base = model(ids, block_length=4).logits
+    moe = model.model.layers[1].mlp
+    moe.gate.normalize = False
+    assert (model(ids, block_length=4).logits - base).abs().max() > 1e-3
+    moe.gate.normalize = True
+    moe.gate.weight.mul_(-1.0)  # other experts chosen
+    assert (model(ids, block_length=4).logits - base).abs().max() > 1e-3
+
+
+MOE_BAD = [
+    ({"num_experts_per_tok": 7}, r"num_experts_per_tok \(7\) must be <= num_experts \(6\)"),
+    ({"num_experts": None}, r"'num_experts'.*128"),
+    ({"norm_topk_prob": None}, r"'norm_topk_prob'.*True"),
+    ({"intermediate_size": None}, r"intermediate_size=None.*dense layers \[0\]"),
+]
+
+
+@pytest.mark.parametrize("over, needle", MOE_BAD, ids=["topk", "experts", "norm", "dense-width"])
+def test_moe_bad_configs_are_refused_before_any_weight(tmp_path, over, needle):
+    cfg = sdar_moe_config(**over)
+    for k in [k for k, v in over.items() if v is None and k != "intermediate_size"]:
+        del cfg[k]  # removed: a required key, with the official value
+    path = tmp_path / "m"
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps(cfg))
+    (path / "model.safetensors").write_bytes(b"never read")
+    with pytest.raises(ValueError, match=needle):
+        model_facts(path)

@@ -18,8 +18,8 @@ passes ``tril(ones(nb, nb))`` repeated B times, 1 = visible); ``forward`` here t
 
 The MASK id is ``mask_token_id`` of config.json (151669 on the official checkpoints), else the tokenizer's mask
 token (what ``generate.py`` falls back to); EOS is config.json's ``eos_token_id``. Sliding-window keys are read but,
-as in the reference's attention, never applied. ``sdar_moe`` (SDAR-30B-A3B) is not this class: see
-``docs/models.md``.
+as in the reference's attention, never applied. ``sdar_moe`` (SDAR-30B-A3B) is this model with Qwen3-MoE
+feed-forwards: ``models/sdar_moe.py``.
 """
 
 from __future__ import annotations
@@ -160,14 +160,15 @@ class SDARAttention(nn.Module):
 
 
 class SDARLayer(nn.Module):
-    """Official names: ``input_layernorm``, ``self_attn``, ``post_attention_layernorm``, ``mlp``."""
+    """Official names: ``input_layernorm``, ``self_attn``, ``post_attention_layernorm``, ``mlp`` (``mlp``: the dense
+    SwiGLU, or the feed-forward the model gives, ``sdar_moe``'s experts)."""
 
-    def __init__(self, cfg: SDARConfig) -> None:
+    def __init__(self, cfg: SDARConfig, mlp: nn.Module | None = None) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.self_attn = SDARAttention(cfg)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size)
+        self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size) if mlp is None else mlp
 
     def forward(self, h, cos, sin, layer, keys, rows=None):  # h [B, Q, d] -> [B, Q or N, d]
         """``keys``: a ``llada2.KeyView`` (the store, the slots written, the visibility); ``rows``: the query rows
@@ -180,10 +181,10 @@ class SDARLayer(nn.Module):
 
 
 class SDARModel(nn.Module):
-    def __init__(self, cfg: SDARConfig) -> None:
+    def __init__(self, cfg: SDARConfig, mlps: list[nn.Module | None]) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(SDARLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.layers = nn.ModuleList(SDARLayer(cfg, mlp) for mlp in mlps)
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
@@ -201,7 +202,7 @@ class SDARForCausalLM(DiffusionLMMixin, PreTrainedModel):
     def __init__(self, config: SDARConfig) -> None:
         super().__init__(config)
         config.check_supported()
-        self.model = SDARModel(config)
+        self.model = SDARModel(config, [self.layer_mlp(config, i) for i in range(config.num_hidden_layers)])
         self.tied = bool(config.tie_word_embeddings)
         if not self.tied:
             self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
@@ -209,6 +210,10 @@ class SDARForCausalLM(DiffusionLMMixin, PreTrainedModel):
 
     def get_input_embeddings(self) -> nn.Embedding:
         return self.model.embed_tokens
+
+    def layer_mlp(self, config: SDARConfig, index: int) -> nn.Module | None:
+        """Layer ``index``'s feed-forward; None: the dense SwiGLU (``sdar_moe`` overrides it)."""
+        return None
 
     def tie_weights(self, *args: Any, **kwargs: Any) -> None:
         """Nothing to tie: a tied head reads the embedding table directly (``output_logits``)."""
