@@ -258,3 +258,21 @@ def test_sdar_moe_cli_equals_reference(tmp_path, capsys, case):
             row = _cli(capsys, path, [prompt], case, cache)["rows"][0]
             _same(row, ref)
             assert row["nfe"] == ref.nfe - ref.stores
+
+
+def test_strategies_on_hand_built_confidences():
+    """``choose`` on known confidences: strict threshold, the count fallback, the count clipped to the masks, the
+    leftmost masks for sequential, torch.topk's order."""
+    from dlm_decode.samplers.sdar import choose, schedule
+
+    assert schedule(8, 3) == [3, 3, 2] and schedule(4, 4) == [1, 1, 1, 1] and schedule(4, 6) == [1, 1, 1, 1, 0, 0]
+    conf = torch.tensor([[0.95, 0.9, 0.2, 0.91, 0.5, 0.99]])
+    cand = torch.tensor([[False, True, True, True, True, True]])  # slot 0: decoded (its 0.95 is never read)
+    rows = lambda m: m[0].nonzero()[:, 0].tolist()  # noqa: E731
+    assert rows(choose("low_confidence_dynamic", conf, cand, 2, 0.9)) == [3, 5]  # 0.9 is not > 0.9
+    assert rows(choose("low_confidence_dynamic", conf, cand, 3, 0.9)) == [1, 3, 5]  # 2 over it < 3: the top 3
+    assert rows(choose("low_confidence_dynamic", conf, cand, 1, 0.0)) == [1, 2, 3, 4, 5]  # every mask over 0
+    assert rows(choose("low_confidence_static", conf, cand, 2, 0.0)) == [3, 5]
+    assert rows(choose("low_confidence_static", conf, cand, 6, 0.0)) == [1, 2, 3, 4, 5]  # never a decoded slot
+    assert rows(choose("sequential", conf, cand, 2, 0.0)) == [1, 2]
+    assert rows(choose("low_confidence_static", conf, cand, 0, 0.0)) == []

@@ -85,6 +85,11 @@ def test_auto_classes_and_official_names(tmp_path):
     assert names == set(load_file(str(path / "model.safetensors")))  # tied: no lm_head tensor, as the checkpoints
     assert "model.layers.1.self_attn.q_norm.weight" in names and "lm_head.weight" not in names
     assert model.mask_token_id == MASK and model.eos_token_ids == [EOS]
+    model.save_pretrained(tmp_path / "saved")  # our save is the official format again: it loads and agrees
+    again, _ = load_model(tmp_path / "saved")
+    ids = torch.arange(12)[None]
+    assert torch.equal(again(ids, block_length=4).logits, model(ids, block_length=4).logits)
+    assert set(load_file(str(tmp_path / "saved" / "model.safetensors"))) == names
 
 
 def test_tied_checkpoint_with_a_head_tensor_is_refused_naming_it(tmp_path):
