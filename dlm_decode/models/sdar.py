@@ -10,8 +10,8 @@ imported. TraDo is the same architecture and format (RL-trained SDAR); only the 
 Reference: ``SDARForCausalLM.forward``: pre-RMSNorm Qwen3 layers; separate q / k / v projections (bias with
 ``attention_bias``), RMSNorm per head on q and k before RoPE, HF default RoPE over the whole head (fp32 tables cast to
 the model dtype, rotation in the model dtype), GQA, scale ``head_dim ** -0.5``; SwiGLU MLP; unshifted logits
-(``logits[i]`` predicts slot i); ``tie_word_embeddings`` shares the embedding table as the LM head (the 1.7B and 4B
-checkpoints: Qwen3 ties them there). The reference takes its block-causal mask from the caller (``generate.py``
+(``logits[i]`` predicts slot i); ``tie_word_embeddings`` shares the embedding table as the LM head (as Qwen3's 1.7B
+and 4B bases do). The reference takes its block-causal mask from the caller (``generate.py``
 passes ``tril(ones(nb, nb))`` repeated B times, 1 = visible); ``forward`` here takes that 4D mask or
 ``block_length``, and ``denoise`` the decode loop's block (the visibility rule and the key bookkeeping are LLaDA2's,
 ``models/llada2.py``: the same absolute grid).

@@ -7,7 +7,7 @@ and head are SDAR's. Reference: the Qwen3-MoE sparse block as the SDAR-MoE runti
 ``SDARMoeSparseMoeBlock``, SGLang's ``models/sdar_moe.py``): router logits in the model dtype, softmax over the
 experts in fp32, the top ``num_experts_per_tok`` experts, their weights renormalised to sum 1 when
 ``norm_topk_prob``, no shared experts; a layer is sparse when ``num_experts > 0``, ``(i + 1) % decoder_sparse_step ==
-0`` and i is not in ``mlp_only_layers`` (Qwen3-MoE's rule; the published configs make every layer sparse), else the
+0`` and i is not in ``mlp_only_layers`` (Qwen3-MoE's rule; SGLang's runtime makes every layer sparse), else the
 dense SwiGLU of width ``intermediate_size``.
 
 The experts run through ``moe.SparseMoE``'s two paths (looped in the reference's order on a CPU and in float32,
