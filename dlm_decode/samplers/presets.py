@@ -161,6 +161,20 @@ PRESETS: dict[str, Preset] = {
             {"block_length": 32},
             "LLaDA2.1 generate() defaults (token editing; block-causal models)",
         ),
+        Preset(
+            "sdar",
+            "sdar",
+            {"remasking": "low_confidence_dynamic", "threshold": 0.9},
+            {"block_length": 4, "steps": 4},
+            "SDAR README (JetEngine / LMDeploy examples; block-causal models)",
+        ),
+        Preset(
+            "trado",
+            "sdar",
+            {"remasking": "low_confidence_dynamic", "threshold": 0.9},
+            {"block_length": 4, "steps": 4},
+            "TraDo: dLLM-RL README and configs/trado_eval.yaml (block-causal models)",
+        ),
     )
 }
 

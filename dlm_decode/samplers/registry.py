@@ -20,6 +20,7 @@ from dlm_decode.samplers.local_leap import LocalLeap
 from dlm_decode.samplers.lossless import Lossless
 from dlm_decode.samplers.low_confidence import LowConfidence
 from dlm_decode.samplers.random_remask import RandomRemask
+from dlm_decode.samplers.sdar import SDAR
 from dlm_decode.samplers.threshold import Threshold
 from dlm_decode.samplers.token_editing import TokenEditing
 
@@ -41,6 +42,7 @@ SAMPLERS: dict[str, type[Sampler]] = {
     "lossless": Lossless,
     "llada2": LLaDA2,
     "token_editing": TokenEditing,
+    "sdar": SDAR,
 }
 
 
