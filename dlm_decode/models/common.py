@@ -70,7 +70,11 @@ def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, full_precision: bool) -> torch.Tensor:
     """Rotate ``x`` [B, H, Q, hd] with ``rope_cos_sin``'s tables: x * cos + rotate_half(x) * [s, s], written as
-    x * cos + roll(x, hd/2) * [-s, s]. ``full_precision``: LLaDA (fp32 rotation); else Dream/HF (model dtype)."""
+    x * cos + roll(x, hd/2) * [-s, s]. ``full_precision``: LLaDA (fp32 rotation); else Dream/HF (model dtype).
+    Tables narrower than hd (partial rotary, HF ``partial_rotary_factor``): the first r dims rotate, the rest pass."""
+    r = cos.shape[-1]
+    if r < x.shape[-1]:
+        return torch.cat([apply_rope(x[..., :r], cos, sin, full_precision), x[..., r:]], dim=-1)
     half = x.shape[-1] // 2
     if full_precision:
         xf = x.float()
@@ -90,6 +94,13 @@ class Layer(Protocol):
     def norm_mlp(self, h: torch.Tensor) -> torch.Tensor: ...
     def feed_forward(self, m: torch.Tensor) -> torch.Tensor: ...
 
+    # optional: ``norm_heads(x, "q" | "k")``, a per-head norm of q / k [B, H, Q, hd] before RoPE (qk-norm, LLaDA-MoE)
+
+
+def norm_heads(block: Layer, x: torch.Tensor, which: str) -> torch.Tensor:
+    """``block.norm_heads(x, which)`` when the layer has a qk-norm, else ``x`` (LLaDA, Dream)."""
+    return block.norm_heads(x, which) if hasattr(block, "norm_heads") else x
+
 
 def layer_input(
     block: Layer,
@@ -106,11 +117,11 @@ def layer_input(
     b, q_len, _ = x.shape
     k = proj[1](x).view(b, q_len, n_kv, hd).transpose(1, 2)  # [B, Hk, Q, hd]
     v = proj[2](x).view(b, q_len, n_kv, hd).transpose(1, 2)
-    k = apply_rope(k, cos, sin, block.rope_fp32)
+    k = apply_rope(norm_heads(block, k, "k"), cos, sin, block.rope_fp32)
     x, cos, sin = take_rows(x, rows), take_rows(cos, rows, 2), take_rows(sin, rows, 2)
     n_q = x.shape[1]
     q = proj[0](x).view(b, n_q, n_heads, hd).transpose(1, 2)  # [B, H, N, hd]
-    q = apply_rope(q, cos, sin, block.rope_fp32)
+    q = apply_rope(norm_heads(block, q, "q"), cos, sin, block.rope_fp32)
     return q, k, v
 
 

@@ -93,6 +93,7 @@ def read_config(path: Path) -> Any:
 
     import dlm_decode.models  # noqa: F401  (registers the Auto classes)
     from dlm_decode.models import SUPPORTED_MODEL_TYPES
+    from dlm_decode.models.llada import llada_variant
 
     raw = read_json_object(path / "config.json", "model config")
     model_type = raw.get("model_type")
@@ -100,7 +101,8 @@ def read_config(path: Path) -> Any:
         raise ValueError(
             f"{path}: config model_type {model_type!r} is not supported; supported: {SUPPORTED_MODEL_TYPES}"
         )
-    CONFIG_MAPPING[model_type].config_schema.check(raw, path / "config.json")
+    config_class = llada_variant(raw) if model_type == "llada" else None  # LLaDA-MoE: same model_type
+    (config_class or CONFIG_MAPPING[model_type]).config_schema.check(raw, path / "config.json")
     return AutoConfig.from_pretrained(path)
 
 
@@ -176,10 +178,14 @@ def load_model(
     config = read_config(path)
     torch_dtype = parse_dtype(dtype)
     layout = resolve_layout(layout, device, torch_dtype)
-    check_weights(path, empty_model(config))
+    empty = empty_model(config)
+    check_weights(path, empty)
+    tok = load_tokenizer(path) if tokenizer or hasattr(empty, "adopt_tokenizer_ids") else None
+    if hasattr(empty, "adopt_tokenizer_ids"):  # ids config.json leaves out come from the tokenizer (LLaDA2, -MoE)
+        empty.adopt_tokenizer_ids(tok)
+        ModelFacts.of_model(empty)  # a MASK id found nowhere (LLaDA-MoE) is an error before the weights
     model = AutoModel.from_pretrained(path, config=config, dtype=torch_dtype, use_safetensors=True).to(device).eval()
     set_layout(model, layout)
-    tok = load_tokenizer(path) if tokenizer or hasattr(model, "adopt_tokenizer_ids") else None
-    if hasattr(model, "adopt_tokenizer_ids"):  # ids config.json leaves out come from the tokenizer (LLaDA2)
+    if hasattr(model, "adopt_tokenizer_ids"):
         model.adopt_tokenizer_ids(tok)
     return model, (tok if tokenizer else None)
