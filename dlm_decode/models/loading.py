@@ -179,11 +179,11 @@ def load_model(
     torch_dtype = parse_dtype(dtype)
     layout = resolve_layout(layout, device, torch_dtype)
     empty = empty_model(config)
-    check_weights(path, empty)
     tok = load_tokenizer(path) if tokenizer or hasattr(empty, "adopt_tokenizer_ids") else None
     if hasattr(empty, "adopt_tokenizer_ids"):  # ids config.json leaves out come from the tokenizer (LLaDA2, -MoE)
         empty.adopt_tokenizer_ids(tok)
         ModelFacts.of_model(empty)  # a MASK id found nowhere (LLaDA-MoE) is an error before the weights
+    check_weights(path, empty)
     model = AutoModel.from_pretrained(path, config=config, dtype=torch_dtype, use_safetensors=True).to(device).eval()
     set_layout(model, layout)
     if hasattr(model, "adopt_tokenizer_ids"):
