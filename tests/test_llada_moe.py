@@ -12,6 +12,7 @@ from checkpoints import llada_config, llada_state_dict, write_checkpoint
 from llada_moe_reference import (
     EOS,
     MASK,
+    ROLE_END,
     llada_moe_config,
     reference_logits,
     write_llada_moe,
@@ -239,6 +240,10 @@ def test_missing_required_key_names_the_official_value(tmp_path):
         model_facts(path)
 
 
-def test_eos_from_config(ckpt):
+def test_eos_from_config_and_role_end_from_the_tokenizer(ckpt, tmp_path):
+    """config.json's EOS; the Instruct turn's end ``<|role_end|>`` (the reference's eot_token) where the tokenizer
+    has it."""
     _, model = ckpt
-    assert model.eos_token_ids == [EOS]
+    assert model.eos_token_ids == [EOS, ROLE_END]
+    bare = write_llada_moe(tmp_path / "m", tokenizer=False, mask_token_id=MASK)
+    assert load_model(bare)[0].eos_token_ids == [EOS]

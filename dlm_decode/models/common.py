@@ -43,6 +43,15 @@ def take_rows(x: torch.Tensor, rows: Index | None, dim: int = 1) -> torch.Tensor
     return x.gather(dim, rows.view(view).expand(shape))
 
 
+def end_ids(config: Any, tokenizer: Any | None, *tokens: str) -> None:
+    """Add the ids of those ``tokens`` the tokenizer has to ``config.extra_eos_token_ids`` (ids that end an answer,
+    read by ``DiffusionLMMixin.eos_token_ids``): a family's end-of-turn or answer-padding token."""
+    vocab = tokenizer.get_vocab() if tokenizer is not None and hasattr(tokenizer, "get_vocab") else {}
+    found = {vocab[t] for t in tokens if isinstance(vocab.get(t), int)}
+    if found:
+        config.extra_eos_token_ids = sorted(set(getattr(config, "extra_eos_token_ids", None) or []) | found)
+
+
 class RMSNorm(nn.Module):
     """RMSNorm computed in fp32, cast back to the input dtype, then scaled (LLaDA and Qwen2 agree on this order)."""
 

@@ -45,7 +45,7 @@ from torch import nn
 from transformers import PretrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import MaskedLMOutput
 
-from dlm_decode.models.common import EAGER, DiffusionLMMixin, RMSNorm, layer_forward, rope_cos_sin
+from dlm_decode.models.common import EAGER, DiffusionLMMixin, RMSNorm, end_ids, layer_forward, rope_cos_sin
 from dlm_decode.models.llada import LLADA_VARIANTS
 from dlm_decode.models.moe import SparseMoE, SwiGLU
 from dlm_decode.models.schema import (
@@ -62,6 +62,7 @@ from dlm_decode.models.schema import (
 
 ARCHITECTURE = "LLaDAMoEModelLM"
 MASK_TOKEN = "<|mask|>"  # what the reference makes the tokenizer's mask token for LLaDA-MoE (dllm utils/models.py)
+ROLE_END = "<|role_end|>"  # the end of an Instruct turn (the reference's eot_token)
 
 #: the config.json keys this implementation reads (checked before any weight, ``models/schema.py``; official values:
 #: LLaDA-MoE-7B-A1B). Keys the reference's configuration class defaults to -1 are required.
@@ -350,7 +351,9 @@ class LLaDAMoEModelLM(DiffusionLMMixin, PreTrainedModel):
         return int(mid)
 
     def adopt_tokenizer_ids(self, tokenizer: Any | None) -> None:
-        """config.json's ``mask_token_id`` first, then the tokenizer's ``<|mask|>``, then its ``mask_token_id``."""
+        """config.json's ``mask_token_id`` first, then the tokenizer's ``<|mask|>``, then its ``mask_token_id``;
+        ``<|role_end|>`` (the end of an Instruct turn, the reference's ``eot_token``) ends an answer as EOS does."""
+        end_ids(self.config, tokenizer, ROLE_END)
         if self.config.mask_token_id is not None or tokenizer is None:
             return
         vocab = tokenizer.get_vocab() if hasattr(tokenizer, "get_vocab") else {}

@@ -128,14 +128,32 @@ def model_facts(name_or_path: str | Path) -> ModelFacts:
     return ModelFacts.of_model(model).in_checkpoint(path)
 
 
+#: tokenizer classes published as remote code that are a transformers class under another name: Dream's
+#: ``tokenization_dream.DreamTokenizer`` (Dream, DiffuCoder, Dream-Coder) is Qwen2's byte-level BPE (vocab.json,
+#: merges.txt, the same pre-tokenizer pattern and special-token defaults)
+REMOTE_TOKENIZERS = {"DreamTokenizer": "Qwen2Tokenizer"}
+
+
 def load_tokenizer(name_or_path: str | Path) -> Any | None:
-    """The checkpoint's tokenizer (from its tokenizer files alone), or None when it ships none."""
-    from transformers import AutoTokenizer
+    """The checkpoint's tokenizer (from its tokenizer files alone, never remote code), or None when it ships none."""
+    import transformers
 
     path = resolve_model_path(name_or_path)
-    if any((path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
-        return AutoTokenizer.from_pretrained(path)
-    return None
+    if not any((path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
+        return None
+    config = path / "tokenizer_config.json"
+    named = read_json_object(config, "tokenizer config").get("tokenizer_class") if config.is_file() else None
+    if named in REMOTE_TOKENIZERS:
+        return getattr(transformers, REMOTE_TOKENIZERS[named]).from_pretrained(path)
+    try:
+        return transformers.AutoTokenizer.from_pretrained(path, trust_remote_code=False)
+    except ValueError as e:
+        if "trust_remote_code" not in str(e):
+            raise
+        raise ValueError(
+            f"{config}: the tokenizer class {named!r} is remote code, which dlm_decode does not run; ship a "
+            f"tokenizer.json, or use --input-ids (covered remote classes: {', '.join(REMOTE_TOKENIZERS)})"
+        ) from None
 
 
 def check_weights(path: Path, model: Any) -> None:
