@@ -5,6 +5,7 @@ cache with two samplers, the CLI, its MASK id from the tokenizer and its config 
 from __future__ import annotations
 
 import json
+import warnings
 
 import pytest
 import torch
@@ -25,7 +26,7 @@ from transformers import AutoConfig, AutoModel
 import dlm_decode
 from dlm_decode.cache import CACHES
 from dlm_decode.cli import main
-from dlm_decode.models import LLaDAConfig, LLaDAModelLM, LLaDAMoEConfig, LLaDAMoEModelLM
+from dlm_decode.models import LLaDAConfig, LLaDAModelLM, LLaDAMoEConfig, LLaDAMoEModelLM, compiled
 from dlm_decode.models.loading import load_model, model_facts
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -156,6 +157,26 @@ def test_every_cache_refreshing_each_step_equals_no_cache(ckpt, sampler, cache):
     assert torch.equal(same.sequences, plain.sequences)
     default = dlm_decode.generate(model, prompts, cache=cache, **kw)
     assert not (default.sequences == MASK).any()
+
+
+@pytest.mark.parametrize("cache", ["none", "dual"])
+def test_dynamo_captures_the_pieces_with_qk_norm(ckpt, cache):
+    """The shared layer pieces with the qk-norm hook trace in one graph each (dynamo's tracing-only ``eager``
+    backend: a graph break would fall back and set ``error``) and decode the eager tokens."""
+    _, model = ckpt
+    prompts = [[5, 9, 17, 3, 40, 22], [7, 2, 33]]
+    kw = {"gen_length": 16, "block_length": 8, "sampler": "threshold", "sampler_options": {"threshold": 0.5}}
+    eager = dlm_decode.generate(model, prompts, cache=cache, **kw)
+    pieces = compiled.CompiledLayers(backend="eager")
+    model.layer_pieces = pieces
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", RuntimeWarning)
+            out = dlm_decode.generate(model, prompts, cache=cache, **kw)
+    finally:
+        del model.layer_pieces
+    assert pieces.error is None
+    assert torch.equal(out.sequences, eager.sequences) and out.nfe == eager.nfe
 
 
 def _cli(capsys, path, rows, args):

@@ -45,7 +45,16 @@ from torch import nn
 from transformers import PretrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import MaskedLMOutput
 
-from dlm_decode.models.common import EAGER, DiffusionLMMixin, RMSNorm, end_ids, layer_forward, rope_cos_sin
+from dlm_decode.models.common import (
+    EAGER,
+    DiffusionLMMixin,
+    RMSNorm,
+    attend,
+    end_ids,
+    layer_forward,
+    layer_output,
+    rope_cos_sin,
+)
 from dlm_decode.models.llada import LLADA_VARIANTS
 from dlm_decode.models.moe import SparseMoE, SwiGLU
 from dlm_decode.models.schema import (
@@ -300,8 +309,14 @@ class LLaDAMoELayer(nn.Module):
         return out
 
     def forward(self, h, cos, sin, layer, kv, slots, key_mask, key_index, rows=None, pieces=EAGER):  # h [B, Q, d]
-        """[B, Q, d], or [B, N, d] for the query ``rows`` only (``common.take_rows``; K/V from every row)."""
-        return layer_forward(self, h, cos, sin, layer, kv, slots, key_mask, key_index, rows, pieces)
+        """[B, Q, d], or [B, N, d] for the query ``rows`` only (``common.take_rows``; K/V from every row).
+        ``common.layer_forward``, except that a sparse layer's output piece always runs eagerly: its routed experts
+        count their tokens on the host (``moe.SparseMoE._looped``), which no compiled graph can hold."""
+        if not isinstance(self.mlp, LLaDAMoESparseBlock):
+            return layer_forward(self, h, cos, sin, layer, kv, slots, key_mask, key_index, rows, pieces)
+        q, k, v = pieces.input(self, h, cos, sin, rows)
+        attn = attend(q, k, v, layer, kv, slots, key_mask, key_index)
+        return layer_output(self, attn, h, rows)
 
 
 class LLaDAMoEModel(nn.Module):
