@@ -114,3 +114,21 @@ def test_a_remote_tokenizer_we_cannot_stand_in_for_is_a_clear_error(tmp_path):
         ValueError, match=r"tokenizer_config\.json: the tokenizer class 'FancyTokenizer' is remote code"
     ):
         load_tokenizer(path)
+
+
+def test_lm_eval_plugin_decodes_with_the_preset_settings(coder):
+    """The lm-eval plugin loads the published format by path (tokenizer included) and decodes with the preset's
+    sampler and temperature 0: the answer is ``generate``'s."""
+    pytest.importorskip("lm_eval")
+    from lm_eval.api.instance import Instance
+
+    from dlm_decode.eval.lm import DLMDecodeLM
+
+    family, path, _, _ = coder
+    lm = DLMDecodeLM(pretrained=str(path), sampler="entropy", gen_length=16, steps=16, top_p=0.95, progress=False)
+    assert type(lm.tokenizer).__name__ == "Qwen2Tokenizer"
+    req = Instance("generate_until", {}, ("def f(x):", {"until": [], "max_gen_toks": 16}), 0, ("t", 0, 1))
+    ids = lm.tokenizer("def f(x):")["input_ids"]
+    kw = get_preset(family).generate_kwargs(gen_length=16, temperature=0.0)
+    direct = dlm_decode.generate(lm.model, [ids], tokenizer=lm.tokenizer, **kw)
+    assert lm.generate_until([req]) == [direct.rows[0].text]

@@ -5,6 +5,7 @@ cache with two samplers, the CLI, its MASK id from the tokenizer and its config 
 from __future__ import annotations
 
 import json
+import math
 import warnings
 
 import pytest
@@ -268,3 +269,21 @@ def test_eos_from_config_and_role_end_from_the_tokenizer(ckpt, tmp_path):
     assert model.eos_token_ids == [EOS, ROLE_END]
     bare = write_llada_moe(tmp_path / "m", tokenizer=False, mask_token_id=MASK)
     assert load_model(bare)[0].eos_token_ids == [EOS]
+
+
+def test_lm_eval_plugin_generates_and_scores(ckpt):
+    """The lm-eval plugin loads it by path: answers are ``generate``'s, a log-likelihood comes back finite."""
+    pytest.importorskip("lm_eval")
+    from lm_eval.api.instance import Instance
+
+    from dlm_decode.eval.lm import DLMDecodeLM
+
+    path, _ = ckpt
+    lm = DLMDecodeLM(pretrained=str(path), gen_length=16, block_length=8, mc_num=8, progress=False)
+    assert type(lm.model) is LLaDAMoEModelLM and lm.model.mask_token_id == MASK
+    req = Instance("generate_until", {}, ("w5 w6 w7 w8", {"until": [], "max_gen_toks": 16}), 0, ("t", 0, 1))
+    ids = lm.tokenizer("w5 w6 w7 w8")["input_ids"]
+    direct = dlm_decode.generate(lm.model, [ids], tokenizer=lm.tokenizer, gen_length=16, block_length=8)
+    assert lm.generate_until([req]) == [direct.rows[0].text]
+    ((ll, _),) = lm.loglikelihood([Instance("loglikelihood", {}, ("w5 w6", " w7"), 0, ("t", 0, 1))])
+    assert math.isfinite(ll) and ll < 0
