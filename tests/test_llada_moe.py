@@ -299,3 +299,39 @@ def test_low_precision_forward_close_to_fp32(ckpt, dtype):
     got, ref = low(ids).logits, model(ids).logits
     assert got.dtype == getattr(torch, dtype) and torch.isfinite(got).all()
     assert (got.float() - ref).abs().mean() < 0.05 * ref.abs().mean()  # bf16: 2.3% here
+
+
+@torch.no_grad()
+def test_elastic_attention_weights_use_the_qk_norm(ckpt):
+    """Elastic-Cache's attention rows (``depth.attention_weights``) are the layer's own: queries through the same
+    qk-norm and RoPE as ``common.layer_input``'s."""
+    from functools import partial
+
+    from dlm_decode.models.common import layer_input, rope_cos_sin
+    from dlm_decode.models.depth import attention_weights
+
+    _, model = ckpt
+    c, block = model.config, model.model.layers[1]
+    x = model.model.embed_tokens(torch.tensor([[5, 9, 17, 3, 40, 22, 8]]))
+    pos = torch.arange(7)[None]
+    rope = partial(rope_cos_sin, head_dim=c.rotary_dim, theta=c.rope_theta)
+    q, k, _ = layer_input(block, x, *rope(pos))
+    k_rep = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+    want = (q @ k_rep.transpose(-1, -2) / math.sqrt(q.shape[-1])).softmax(-1)
+    got = attention_weights(block, x, pos, k, None, rope)
+    assert (got - want).abs().max() < 1e-5
+    block.qk_norm = False  # without the norm the rows differ: the test sees it
+    try:
+        assert (attention_weights(block, x, pos, k, None, rope) - want).abs().max() > 1e-3
+    finally:
+        block.qk_norm = True
+
+
+def test_padded_batch_rows_decode_as_alone(ckpt):
+    _, model = ckpt
+    prompts = [[5, 9, 17, 3, 40, 22], [7, 2, 33]]
+    kw = {"sampler": "low_confidence", "gen_length": 16, "block_length": 8, "steps": 16}
+    both = dlm_decode.generate(model, prompts, **kw)
+    for i, p in enumerate(prompts):
+        alone = dlm_decode.generate(model, [p], **kw)
+        assert both.rows[i].generated_ids == alone.rows[0].generated_ids
