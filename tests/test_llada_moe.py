@@ -335,3 +335,13 @@ def test_padded_batch_rows_decode_as_alone(ckpt):
     for i, p in enumerate(prompts):
         alone = dlm_decode.generate(model, [p], **kw)
         assert both.rows[i].generated_ids == alone.rows[0].generated_ids
+
+
+def test_a_config_saved_alone_reads_back_as_llada_moe(tmp_path):
+    """``LLaDAMoEConfig.save_pretrained`` writes the hub's ``model_type: llada`` and always the architecture that
+    tells it from the dense model."""
+    cfg = LLaDAMoEConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_experts=4)
+    cfg.save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert saved["model_type"] == "llada" and saved["architectures"] == ["LLaDAMoEModelLM"]
+    assert type(AutoConfig.from_pretrained(tmp_path)) is LLaDAMoEConfig

@@ -186,7 +186,8 @@ class LLaDAMoEConfig(PretrainedConfig):
     def to_dict(self) -> dict[str, Any]:
         out = super().to_dict()
         out["model_type"] = "llada"  # the hub's config.json; ``architectures`` tells it from the dense LLaDA
-        out.setdefault("architectures", [ARCHITECTURE])
+        if not out.get("architectures"):  # without it the file would read as the dense LLaDA's
+            out["architectures"] = [ARCHITECTURE]
         return out
 
     @property
