@@ -28,6 +28,7 @@ import dlm_decode
 from dlm_decode.cache import CACHES
 from dlm_decode.cli import main
 from dlm_decode.models import LLaDAConfig, LLaDAModelLM, LLaDAMoEConfig, LLaDAMoEModelLM, compiled
+from dlm_decode.models.llada_moe import LLaDAMoESparseBlock
 from dlm_decode.models.loading import load_model, model_facts
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -345,3 +346,23 @@ def test_a_config_saved_alone_reads_back_as_llada_moe(tmp_path):
     saved = json.loads((tmp_path / "config.json").read_text())
     assert saved["model_type"] == "llada" and saved["architectures"] == ["LLaDAMoEModelLM"]
     assert type(AutoConfig.from_pretrained(tmp_path)) is LLaDAMoEConfig
+
+
+@torch.no_grad()
+def test_grouped_experts_equal_looped(tmp_path):
+    """The grouped expert path (no host sync; the default for bf16 on CUDA) gives the looped one's logits with this
+    family's router, and keeps the official parameter names."""
+    path = write_llada_moe(
+        tmp_path / "m", seed=5, tokenizer=False, mask_token_id=MASK, moe_router_enable_expert_bias=True
+    )
+    model = load_model(path)[0]
+    moes = [m for m in model.modules() if isinstance(m, LLaDAMoESparseBlock)]
+    assert len(moes) == 2
+    ids = torch.randint(0, MASK, (2, 9), generator=torch.Generator().manual_seed(2))
+    looped = model(ids).logits
+    before = set(model.state_dict())
+    for m in moes:
+        m.grouped = True
+    grouped = model(ids).logits
+    assert (grouped - looped).abs().max() < 1e-4 and looped.abs().max() > 1e-2
+    assert set(model.state_dict()) == before
