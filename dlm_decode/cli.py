@@ -121,12 +121,15 @@ def add_decoding_args(p: argparse.ArgumentParser, *, task_lengths: bool = False)
         help="total steps for fixed-budget samplers (default: the checkpoint's with its gen length, else the gen "
         "length)",
     )
-    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument(
+        "--temperature", type=float, default=None, help="sampling temperature (default: a preset's, else 0: greedy)"
+    )
     g.add_argument(
         "--top-p",
         type=float,
         default=None,
-        help="top-p filter (1.0: off; default: as the sampler's reference, see --top-k; 1.0 for Dream)",
+        help="top-p filter (1.0: off; default: a preset's, else as the sampler's reference, see --top-k; 1.0 for "
+        "Dream)",
     )
     g.add_argument(
         "--top-k",
@@ -163,12 +166,14 @@ def decoding_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     options = parse_kv(args.sampler_opt)
     preset = get_preset(args.preset) if getattr(args, "preset", None) else None
     overrides: dict[str, Any] = {}
+    sampling: dict[str, Any] = {}  # a preset's published temperature / top-p, for the flags left unset
     if preset is not None:
         if args.sampler is not None and args.sampler != preset.sampler:
             raise ValueError(f"--preset {preset.name} decodes with {preset.sampler!r}; drop --sampler {args.sampler}")
         given = {k: getattr(args, k) for k in ("gen_length", "block_length", "steps") if getattr(args, k) is not None}
         resolved = preset.generate_kwargs(options, **given)  # the preset's steps follow an overridden gen length
         options = resolved["sampler_options"]
+        sampling = {k: resolved[k] for k in ("temperature", "top_p") if k in resolved}
         if args._preset_lengths:  # commands with their own lengths (ParallelBench) keep them
             overrides = {k: resolved[k] for k in ("gen_length", "block_length", "steps") if k in resolved}
     # unset: the checkpoint's (``check_request``), else DecodeConfig's 128; ParallelBench: each task's
@@ -180,8 +185,8 @@ def decoding_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         cache_options=parse_kv(args.cache_opt),
         block_length=args.block_length if args.block_length is not None else overrides.get("block_length"),
         steps=args.steps if args.steps is not None else overrides.get("steps"),
-        temperature=args.temperature,
-        top_p=args.top_p,
+        temperature=args.temperature if args.temperature is not None else sampling.get("temperature", 0.0),
+        top_p=args.top_p if args.top_p is not None else sampling.get("top_p"),
         top_k=args.top_k,
         seed=args.seed,
         stop_at_eos=args.stop_at_eos,

@@ -43,6 +43,15 @@ def take_rows(x: torch.Tensor, rows: Index | None, dim: int = 1) -> torch.Tensor
     return x.gather(dim, rows.view(view).expand(shape))
 
 
+def end_ids(config: Any, tokenizer: Any | None, *tokens: str) -> None:
+    """Add the ids of those ``tokens`` the tokenizer has to ``config.extra_eos_token_ids`` (ids that end an answer,
+    read by ``DiffusionLMMixin.eos_token_ids``): a family's end-of-turn or answer-padding token."""
+    vocab = tokenizer.get_vocab() if tokenizer is not None and hasattr(tokenizer, "get_vocab") else {}
+    found = {vocab[t] for t in tokens if isinstance(vocab.get(t), int)}
+    if found:
+        config.extra_eos_token_ids = sorted(set(getattr(config, "extra_eos_token_ids", None) or []) | found)
+
+
 class RMSNorm(nn.Module):
     """RMSNorm computed in fp32, cast back to the input dtype, then scaled (LLaDA and Qwen2 agree on this order)."""
 
@@ -70,7 +79,11 @@ def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, full_precision: bool) -> torch.Tensor:
     """Rotate ``x`` [B, H, Q, hd] with ``rope_cos_sin``'s tables: x * cos + rotate_half(x) * [s, s], written as
-    x * cos + roll(x, hd/2) * [-s, s]. ``full_precision``: LLaDA (fp32 rotation); else Dream/HF (model dtype)."""
+    x * cos + roll(x, hd/2) * [-s, s]. ``full_precision``: LLaDA (fp32 rotation); else Dream/HF (model dtype).
+    Tables narrower than hd (partial rotary, HF ``partial_rotary_factor``): the first r dims rotate, the rest pass."""
+    r = cos.shape[-1]
+    if r < x.shape[-1]:
+        return torch.cat([apply_rope(x[..., :r], cos, sin, full_precision), x[..., r:]], dim=-1)
     half = x.shape[-1] // 2
     if full_precision:
         xf = x.float()
@@ -90,6 +103,13 @@ class Layer(Protocol):
     def norm_mlp(self, h: torch.Tensor) -> torch.Tensor: ...
     def feed_forward(self, m: torch.Tensor) -> torch.Tensor: ...
 
+    # optional: ``norm_heads(x, "q" | "k")``, a per-head norm of q / k [B, H, Q, hd] before RoPE (qk-norm, LLaDA-MoE)
+
+
+def norm_heads(block: Layer, x: torch.Tensor, which: str) -> torch.Tensor:
+    """``block.norm_heads(x, which)`` when the layer has a qk-norm, else ``x`` (LLaDA, Dream)."""
+    return block.norm_heads(x, which) if hasattr(block, "norm_heads") else x
+
 
 def layer_input(
     block: Layer,
@@ -106,11 +126,11 @@ def layer_input(
     b, q_len, _ = x.shape
     k = proj[1](x).view(b, q_len, n_kv, hd).transpose(1, 2)  # [B, Hk, Q, hd]
     v = proj[2](x).view(b, q_len, n_kv, hd).transpose(1, 2)
-    k = apply_rope(k, cos, sin, block.rope_fp32)
+    k = apply_rope(norm_heads(block, k, "k"), cos, sin, block.rope_fp32)
     x, cos, sin = take_rows(x, rows), take_rows(cos, rows, 2), take_rows(sin, rows, 2)
     n_q = x.shape[1]
     q = proj[0](x).view(b, n_q, n_heads, hd).transpose(1, 2)  # [B, H, N, hd]
-    q = apply_rope(q, cos, sin, block.rope_fp32)
+    q = apply_rope(norm_heads(block, q, "q"), cos, sin, block.rope_fp32)
     return q, k, v
 
 

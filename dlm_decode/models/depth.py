@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from dlm_decode.cache.depth_plan import DepthProgram
-from dlm_decode.models.common import EAGER, EagerLayers, Index, Layer, apply_rope
+from dlm_decode.models.common import EAGER, EagerLayers, Index, Layer, apply_rope, norm_heads
 
 
 def run_program(
@@ -109,7 +109,7 @@ def attention_weights(
     b, n, _ = x.shape
     q = block.projections()[0](block.norm_attention(x)).view(b, n, n_heads, hd).transpose(1, 2)  # [B, H, N, hd]
     cos, sin = rope(positions)
-    q = apply_rope(q, cos, sin, block.rope_fp32).float()
+    q = apply_rope(norm_heads(block, q, "q"), cos, sin, block.rope_fp32).float()
     k = keys.float().repeat_interleave(n_heads // n_kv, dim=1)  # [B, H, T, hd]
     scores = q @ k.transpose(-1, -2) / math.sqrt(hd)  # [B, H, N, T]
     if key_mask is not None:

@@ -25,7 +25,7 @@ from torch import nn
 from transformers import PretrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import MaskedLMOutput
 
-from dlm_decode.models.common import EAGER, DiffusionLMMixin, RMSNorm, layer_forward, rope_cos_sin
+from dlm_decode.models.common import EAGER, DiffusionLMMixin, RMSNorm, end_ids, layer_forward, rope_cos_sin
 from dlm_decode.models.depth import run_program
 from dlm_decode.models.schema import (
     ConfigSchema,
@@ -38,6 +38,9 @@ from dlm_decode.models.schema import (
     positive_number,
     token_id,
 )
+
+DLM_PAD = "<|dlm_pad|>"  # DiffuCoder's answer padding
+
 
 #: config.json keys the reference ``diffusion_generate`` takes as sampling defaults (``DreamGenerationConfig`` fields)
 REFERENCE_SAMPLING_KEYS = ("temperature", "top_p", "top_k", "alg_temp", "eps")
@@ -241,6 +244,11 @@ class DreamModel(DiffusionLMMixin, PreTrainedModel):
     @property
     def sampling_defaults(self) -> dict[str, Any]:
         return self.config.sampling_defaults()
+
+    def adopt_tokenizer_ids(self, tokenizer: Any | None) -> None:
+        """DiffuCoder (Dream's format) fills an answer's tail with ``<|dlm_pad|>``, and its README cuts the text at
+        the first one: where its tokenizer has that token, it ends an answer as EOS does (``eos_token_ids``)."""
+        end_ids(self.config, tokenizer, DLM_PAD)
 
     def kv_shape(self) -> tuple[int, int, int]:
         c = self.config

@@ -83,9 +83,29 @@ LLADA_SCHEMA = ConfigSchema(
 )
 
 
+#: config.json ``architectures`` that share ``model_type: llada`` with the dense model but are another one -> their
+#: config class (filled by their modules: ``llada_moe``)
+LLADA_VARIANTS: dict[str, type[PretrainedConfig]] = {}
+
+
+def llada_variant(config: dict) -> type[PretrainedConfig] | None:
+    """The config class a ``model_type: llada`` config.json names by its ``architectures``, or None (dense LLaDA)."""
+    archs = config.get("architectures")
+    return next((LLADA_VARIANTS[a] for a in archs if a in LLADA_VARIANTS), None) if isinstance(archs, list) else None
+
+
 class LLaDAConfig(PretrainedConfig):
     model_type = "llada"
     config_schema = LLADA_SCHEMA
+
+    @classmethod
+    def from_dict(cls, config_dict: dict, **kwargs):
+        """A LLaDA-MoE config.json (also ``model_type: llada``) becomes its own config class, so that
+        ``AutoConfig`` / ``AutoModel.from_pretrained`` build that model."""
+        variant = llada_variant(config_dict) if cls is LLaDAConfig else None
+        if variant is not None:
+            return variant.from_dict(config_dict, **kwargs)
+        return super().from_dict(config_dict, **kwargs)
 
     def __init__(
         self,

@@ -93,6 +93,7 @@ def read_config(path: Path) -> Any:
 
     import dlm_decode.models  # noqa: F401  (registers the Auto classes)
     from dlm_decode.models import SUPPORTED_MODEL_TYPES
+    from dlm_decode.models.llada import llada_variant
 
     raw = read_json_object(path / "config.json", "model config")
     model_type = raw.get("model_type")
@@ -100,7 +101,8 @@ def read_config(path: Path) -> Any:
         raise ValueError(
             f"{path}: config model_type {model_type!r} is not supported; supported: {SUPPORTED_MODEL_TYPES}"
         )
-    CONFIG_MAPPING[model_type].config_schema.check(raw, path / "config.json")
+    config_class = llada_variant(raw) if model_type == "llada" else None  # LLaDA-MoE: same model_type
+    (config_class or CONFIG_MAPPING[model_type]).config_schema.check(raw, path / "config.json")
     return AutoConfig.from_pretrained(path)
 
 
@@ -126,14 +128,32 @@ def model_facts(name_or_path: str | Path) -> ModelFacts:
     return ModelFacts.of_model(model).in_checkpoint(path)
 
 
+#: tokenizer classes published as remote code that are a transformers class under another name: Dream's
+#: ``tokenization_dream.DreamTokenizer`` (Dream, DiffuCoder, Dream-Coder) is Qwen2's byte-level BPE (vocab.json,
+#: merges.txt, the same pre-tokenizer pattern and special-token defaults)
+REMOTE_TOKENIZERS = {"DreamTokenizer": "Qwen2Tokenizer"}
+
+
 def load_tokenizer(name_or_path: str | Path) -> Any | None:
-    """The checkpoint's tokenizer (from its tokenizer files alone), or None when it ships none."""
-    from transformers import AutoTokenizer
+    """The checkpoint's tokenizer (from its tokenizer files alone, never remote code), or None when it ships none."""
+    import transformers
 
     path = resolve_model_path(name_or_path)
-    if any((path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
-        return AutoTokenizer.from_pretrained(path)
-    return None
+    if not any((path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
+        return None
+    config = path / "tokenizer_config.json"
+    named = read_json_object(config, "tokenizer config").get("tokenizer_class") if config.is_file() else None
+    if named in REMOTE_TOKENIZERS:
+        return getattr(transformers, REMOTE_TOKENIZERS[named]).from_pretrained(path)
+    try:
+        return transformers.AutoTokenizer.from_pretrained(path, trust_remote_code=False)
+    except ValueError as e:
+        if "trust_remote_code" not in str(e):
+            raise
+        raise ValueError(
+            f"{config}: the tokenizer class {named!r} is remote code, which dlm_decode does not run; ship a "
+            f"tokenizer.json, or use --input-ids (covered remote classes: {', '.join(REMOTE_TOKENIZERS)})"
+        ) from None
 
 
 def check_weights(path: Path, model: Any) -> None:
@@ -176,10 +196,14 @@ def load_model(
     config = read_config(path)
     torch_dtype = parse_dtype(dtype)
     layout = resolve_layout(layout, device, torch_dtype)
-    check_weights(path, empty_model(config))
+    empty = empty_model(config)
+    tok = load_tokenizer(path) if tokenizer or hasattr(empty, "adopt_tokenizer_ids") else None
+    if hasattr(empty, "adopt_tokenizer_ids"):  # ids config.json leaves out come from the tokenizer (LLaDA2, -MoE)
+        empty.adopt_tokenizer_ids(tok)
+        ModelFacts.of_model(empty)  # a MASK id found nowhere (LLaDA-MoE) is an error before the weights
+    check_weights(path, empty)
     model = AutoModel.from_pretrained(path, config=config, dtype=torch_dtype, use_safetensors=True).to(device).eval()
     set_layout(model, layout)
-    tok = load_tokenizer(path) if tokenizer or hasattr(model, "adopt_tokenizer_ids") else None
-    if hasattr(model, "adopt_tokenizer_ids"):  # ids config.json leaves out come from the tokenizer (LLaDA2)
+    if hasattr(model, "adopt_tokenizer_ids"):
         model.adopt_tokenizer_ids(tok)
     return model, (tok if tokenizer else None)

@@ -83,12 +83,16 @@ class SparseMoE(nn.Module):
     def forward(self, h: torch.Tensor) -> torch.Tensor:  # [B, Q, d]
         shape = h.shape
         x = h.reshape(-1, shape[-1])  # [N, d]
-        ids, w = self.gate(x)  # [N, k]
+        ids, w = self.route(x)  # [N, k]
         out = self._grouped(x, ids, w) if self.runs_grouped(x.device, x.dtype) else self._looped(x, ids, w)  # [N, d]
         y = out.to(h.dtype).view(shape)
         if self.shared_experts is not None:
             y = y + self.shared_experts(h)
         return y
+
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # x [N, d] -> expert ids, weights [N, k]
+        """The router's choice (LLaDA2's sigmoid router; ``llada_moe`` overrides it with its softmax router)."""
+        return self.gate(x)
 
     def runs_grouped(self, device: torch.device, dtype: torch.dtype) -> bool:
         """Which expert path a forward on ``device`` in ``dtype`` takes: ``grouped`` when set, else grouped for bf16

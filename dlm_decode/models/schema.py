@@ -40,6 +40,7 @@ KINDS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "str": (lambda v: isinstance(v, str), "a string"),
     "object": (lambda v: isinstance(v, dict), "a JSON object"),
     "ids": (lambda v: _is_int(v) or (isinstance(v, list) and all(map(_is_int, v))), "a token id or a list of them"),
+    "int_list": (lambda v: isinstance(v, list) and all(map(_is_int, v)), "a list of integers"),
 }
 
 
@@ -69,7 +70,7 @@ class Key:
         values = value if isinstance(value, list) else [value]
         if self.choices is not None and value not in self.choices:
             return f"{value!r} is not supported; supported: {', '.join(map(repr, self.choices))}"
-        for v in values if self.kind in ("int", "number", "ids") else []:
+        for v in values if self.kind in ("int", "number", "ids", "int_list") else []:
             if self.low is not None and (v <= self.low if self.above else v < self.low):
                 return f"must be {'>' if self.above else '>='} {self.low:g}, got {value!r}"
             if self.high is not None and v > self.high:

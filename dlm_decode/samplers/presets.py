@@ -7,8 +7,9 @@ Each preset records where its numbers come from (paper table or reference script
 reference scripts run with (generation length, block length, step budget); override any of them with keywords,
 e.g. ``get_preset("fast_dllm_threshold").generate_kwargs(gen_length=64)``. A preset's step budget follows an
 overridden gen length (same tokens per step) and its block is clipped to it, unless ``steps`` / ``block_length`` are
-given too. Presets that need an artefact take it as an option, and ``needs`` lists the ones they cannot run without:
-``learn2pd`` needs ``filter`` (a trained filter), Prophet's forced answer prefix needs ``prefix_ids``
+given too. A preset may also set the published ``temperature`` / ``top_p`` (the code models' sampling settings);
+the caller's win. Presets that need an artefact take it as an option, and ``needs`` lists the ones they cannot run
+without: ``learn2pd`` needs ``filter`` (a trained filter), Prophet's forced answer prefix needs ``prefix_ids``
 (``early_commit.answer_prefix_ids(tokenizer)``), AdaBlock on a non-LLaDA / non-Dream tokenizer needs
 ``delimiter_ids`` (``adaptive_block.delimiter_ids_from_tokenizer(tokenizer)``).
 """
@@ -26,7 +27,7 @@ class Preset:
     name: str
     sampler: str
     options: dict[str, Any] = field(default_factory=dict)
-    config: dict[str, Any] = field(default_factory=dict)  # DecodeConfig overrides
+    config: dict[str, Any] = field(default_factory=dict)  # DecodeConfig overrides (lengths; temperature, top_p)
     source: str = ""
     needs: tuple[str, ...] = ()  # sampler options the preset cannot run without (artefacts)
 
@@ -146,6 +147,22 @@ PRESETS: dict[str, Preset] = {
             _GSM8K_256 | {"steps": 256},
             "Learn2PD generate_learn2parallel (needs the filter option)",
             needs=("filter",),
+        ),
+        Preset(
+            "diffucoder",
+            "entropy",
+            {"alg_temp": 0.0},
+            {"gen_length": 256, "steps": 256, "temperature": 0.4, "top_p": 0.95},
+            "DiffuCoder README, Instruct / cpGRPO usage: diffusion_generate(max_new_tokens=256, steps=256, "
+            "temperature=0.4, top_p=0.95, alg='entropy', alg_temp=0) (Base: temperature 0.2)",
+        ),
+        Preset(
+            "dream_coder",
+            "entropy",
+            {"alg_temp": 0.0},
+            {"gen_length": 768, "steps": 768, "temperature": 0.1, "top_p": 0.95},
+            "Dream-Coder README, Instruct usage: diffusion_generate(max_new_tokens=768, steps=768, temperature=0.1, "
+            "top_p=0.95, alg='entropy', alg_temp=0)",
         ),
         Preset(
             "llada2",
