@@ -207,3 +207,43 @@ def test_background_thread_serves_concurrent_submitters(llada):
     eng.stop()
     for i, r in enumerate(results):
         assert (r.generated_ids, r.nfe) == alone(llada, PROMPTS[i % 4], opts[i])
+
+
+def test_new_families_decode_as_alone(tmp_path):
+    """SDAR (block-causal, its own seeded sampler), sdar_moe, LLaDA-MoE and DiffuCoder through the engine, mixed with
+    each other's options, each request equal to generate alone (seeded draws included)."""
+    from coder_checkpoints import write_coder
+    from llada_moe_reference import write_llada_moe
+    from sdar_reference import write_sdar
+
+    runs = {
+        "sdar": (write_sdar(tmp_path / "sdar", seed=0, head_scale=2.5), [
+            {"sampler": "sdar", "gen_length": 16, "block_length": 4, "steps": 4, "temperature": 1.0, "seed": 3},
+            {"sampler": "sdar", "sampler_options": {"remasking": "low_confidence_static"}, "gen_length": 12,
+             "block_length": 8, "steps": 4, "temperature": 0.8, "seed": 5, "cache": "none"},
+            {"sampler": "threshold", "sampler_options": {"threshold": 0.5}, "gen_length": 16, "block_length": 8},
+        ]),
+        "sdar_moe": (write_sdar(tmp_path / "sdar_moe", seed=1, moe=True), [
+            {"sampler": "sdar", "gen_length": 8, "block_length": 4, "steps": 4, "temperature": 1.0, "seed": 1},
+            {"sampler": "sdar", "gen_length": 12, "block_length": 4, "steps": 2, "temperature": 0.0},
+        ]),
+        "llada_moe": (write_llada_moe(tmp_path / "lmoe", seed=0), [
+            {"sampler": "low_confidence", "gen_length": 16, "block_length": 8, "steps": 8, "cache": "prefix"},
+            {"sampler": "threshold", "sampler_options": {"threshold": 0.5}, "gen_length": 16, "block_length": 8,
+             "cache": "dual", "temperature": 0.7, "seed": 2},
+        ]),
+        "diffucoder": (write_coder(tmp_path / "dc", "diffucoder"), [
+            {"sampler": "entropy", "gen_length": 16, "steps": 16, "temperature": 0.4, "top_p": 0.95, "seed": 4},
+            {"sampler": "entropy", "gen_length": 8, "steps": 8},
+        ]),
+    }  # fmt: skip
+    for name, (path, opts) in runs.items():
+        model = dlm_decode.load_model(path)[0]
+        eng = Engine(model, max_batch=2)
+        prompts = [[5, 6, 7], [9, 10, 11, 12, 13], [3, 4]]
+        handles = [eng.submit(prompts[i % 3], **o) for i, o in enumerate(opts)]
+        eng.run_until_done()
+        for i, (h, o) in enumerate(zip(handles, opts, strict=True)):
+            r = h.result()
+            assert r.error is None, (name, o, r.error)
+            assert (r.generated_ids, r.nfe) == alone(model, prompts[i % 3], o), (name, o)
