@@ -3,7 +3,8 @@
 ``run_forwards`` takes the step's ``(unit, pending)`` pairs and groups those that can share a call (``merge_key``):
 the same kind of call (with a K/V store or without, written or not, the same block-causal block) and nothing that
 gives a call its own shape (drafts, a depth program, classifier-free guidance, gathered keys, CUDA graphs, a narrowed
-row set). A group of one, and every unit that cannot share, runs its own forward (``loop.forward_one``): exactly
+row set), then splits a group by width (``_by_width``: rows of similar query counts share a call, so one row's full
+refresh never makes the others compute as many slots). A group of one, and every unit that cannot share, runs its own forward (``loop.forward_one``): exactly
 what it runs alone.
 
 A shared call (``_shared_logits``) lays the units' canvases side by side, right-padded to the longest (a padded slot
@@ -58,15 +59,50 @@ def run_forwards(model: Any, items: list[Item], arena: Arena | None) -> tuple[li
     for i, (unit, pending) in enumerate(items):
         key = merge_key(model, unit, pending)
         groups.setdefault(("own", i) if key is None else key, []).append(i)
+    calls = 0
     for key, idx in groups.items():
-        if len(idx) == 1:
-            unit, pending = items[idx[0]]
-            out[idx[0]] = forward_one(model, unit, pending)
-            continue
-        shared = _shared_logits(model, [items[i] for i in idx], arena, key[0] == "store")
-        for i, logits in zip(idx, shared, strict=True):
-            out[i] = logits
-    return out, len(groups)
+        for part in _by_width([_width(*items[i]) for i in idx]):
+            calls += 1
+            if len(part) == 1:
+                unit, pending = items[idx[part[0]]]
+                out[idx[part[0]]] = forward_one(model, unit, pending)
+                continue
+            shared = _shared_logits(model, [items[idx[j]] for j in part], arena, key[0] == "store")
+            for j, logits in zip(part, shared, strict=True):
+                out[idx[j]] = logits
+    return out, calls
+
+
+#: a shared call pads every row to its widest; a row joins a call while the padded query slots stay within this
+#: factor of the real ones (plus ``CALL_SLOTS``, about what a call's fixed cost is worth in slots), else it opens a
+#: call of its own width class: a row's refresh (every slot) never makes the other rows compute as many
+PAD_FACTOR = 1.5
+CALL_SLOTS = 32
+
+
+def _width(unit: Unit, pending: Pending) -> int:
+    """The query slots a unit's call computes."""
+    c = pending.plan.compute
+    if isinstance(c, slice):
+        c0, c1, _ = c.indices(unit.state.total_length)
+        return (c1 - c0) * unit.state.batch
+    return c.shape[0] * c.shape[1]
+
+
+def _by_width(widths: list[int]) -> list[list[int]]:
+    """Positions of ``widths`` in calls: sorted by width, a call closed when padding to its widest would cost more
+    than ``PAD_FACTOR`` times its real slots plus ``CALL_SLOTS``."""
+    order = sorted(range(len(widths)), key=lambda i: widths[i])
+    parts: list[list[int]] = []
+    for i in order:
+        part = parts[-1] if parts else None
+        if part is not None:
+            real = sum(widths[j] for j in part) + widths[i]
+            if widths[i] * (len(part) + 1) <= PAD_FACTOR * real + CALL_SLOTS:
+                part.append(i)
+                continue
+        parts.append([i])
+    return parts
 
 
 def _span(compute: slice | torch.Tensor, length: int) -> tuple[int, int, int]:
