@@ -4,8 +4,8 @@
 the same kind of call (with a K/V store or without, written or not, the same block-causal block) and nothing that
 gives a call its own shape (drafts, a depth program, classifier-free guidance, gathered keys, CUDA graphs, a narrowed
 row set), then splits a group by width (``_by_width``: rows of similar query counts share a call, so one row's full
-refresh never makes the others compute as many slots). A group of one, and every unit that cannot share, runs its own forward (``loop.forward_one``): exactly
-what it runs alone.
+refresh never makes the others compute as many slots). A group of one, and every unit that cannot share, runs its
+own forward (``loop.forward_one``): exactly what it runs alone.
 
 A shared call (``_shared_logits``) lays the units' canvases side by side, right-padded to the longest (a padded slot
 is never computed and never visible: each row's key mask ends at its own canvas), so every slot keeps the column it
