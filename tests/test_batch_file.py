@@ -77,3 +77,36 @@ def test_bad_batch_arguments_fail_before_loading(tmp_path, capsys):
     code = main(["batch", "demo-llada2", "-i", str(tmp_path / "missing.jsonl"), "-o", str(tmp_path / "o.jsonl")])
     assert code == 2 and "missing.jsonl" in capsys.readouterr().err
     assert main(["batch", "demo-llada2", "-i", str(tmp_path / "o.jsonl"), "-o", "x", "--max-batch", "0"]) == 2
+
+
+@pytest.mark.slow
+def test_two_processes_write_what_one_writes(tmp_path):
+    """Under torchrun (as under accelerate launch) two CPU processes split the lines and merge in input order."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    src, one, two = tmp_path / "in.jsonl", tmp_path / "one.jsonl", tmp_path / "two.jsonl"
+    write(src, LINES)
+    assert main(["batch", "demo-llada2", "-i", str(src), "-o", str(one)]) == 0
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    launch = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29531"]
+    cmd = [*launch, "-m", "dlm_decode.cli", "batch", "demo-llada2", "-i", str(src), "-o", str(two)]
+    proc = subprocess.run(cmd, env=env, timeout=600, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+    def strip(path):  # the timings and creation times differ between runs
+        out = []
+        for x in path.read_text().splitlines():
+            line = json.loads(x)
+            body = line["response"]["body"]
+            if "dlm" in body:
+                body.pop("created")
+                body["dlm"].pop("seconds")
+                body.pop("id")
+            out.append(line)
+        return out
+
+    assert strip(one) == strip(two)
+    assert not list(tmp_path.glob("two.jsonl.part*"))

@@ -18,7 +18,9 @@ fields: ``max_tokens`` (the gen length), ``temperature``, ``top_p``, ``seed``, a
 with a ``chat.completion`` or ``text_completion`` body holding ``usage`` and a ``dlm`` object (``nfe``,
 ``token_forwards``, ``seconds``). A bad line gets status 400 with the message (and ``error`` set); the others run.
 ``--resume`` skips the custom_ids the output file already holds; lines are written as soon as every earlier line is,
-so an interrupted run (Ctrl-C) keeps every finished line. Every line runs through one ``Engine``: requests with
+so an interrupted run (Ctrl-C) keeps every finished line. Under ``accelerate launch`` / ``torchrun`` (N processes,
+one per device), each process takes every N-th line left, writes ``OUTPUT.partR``, and rank 0 merges the parts into
+the output in input order: the same file one process writes. Every line runs through one ``Engine``: requests with
 different options share its forwards, and each answer equals ``dlm-decode generate`` of that request alone.
 """
 
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -164,8 +167,8 @@ def output_line(n: int, cid: str | None, body: dict[str, Any] | None, error: str
     }
 
 
-def read_requests(path: Path, done: set[str]) -> list[tuple[int, str | None, Any]]:
-    """(line number, custom_id, (kind, options, prompt) or the error message) of every line not done yet."""
+def read_requests(path: Path) -> list[tuple[int, str | None, Any]]:
+    """(line number, custom_id, (kind, options, prompt) or the error message) of every line."""
     out, seen = [], set()
     for n, text in enumerate(path.read_text().splitlines()):
         if not text.strip():
@@ -178,8 +181,7 @@ def read_requests(path: Path, done: set[str]) -> list[tuple[int, str | None, Any
             item: Any = (kind, opts, prompt)
         except ValueError as err:
             cid, item = _custom_id(text), str(err)
-        if cid not in done:
-            out.append((n, cid, item))
+        out.append((n, cid, item))
     return out
 
 
@@ -198,17 +200,57 @@ def run(args: argparse.Namespace) -> int:
         raise FileNotFoundError(f"--input {src}: no such file")
     if isinstance(args.max_batch, bool) or args.max_batch < 1:
         raise ValueError(f"--max-batch must be a positive integer, got {args.max_batch}")
-    if dst.exists() and not args.resume:
-        raise ValueError(f"--output {dst} exists; pass --resume to continue it, or choose another file")
-    done = {json.loads(x)["custom_id"] for x in dst.read_text().splitlines() if x.strip()} if dst.exists() else set()
-    todo = read_requests(src, done)
+    rank, world = shard()
+    parts = [part_path(dst, r) for r in range(world)] if world > 1 else []
+    if (dst.exists() or (parts and parts[rank].exists())) and not args.resume:  # each its own: no race
+        raise ValueError(f"--output {dst} (or its parts) exists; pass --resume to continue it, or choose another file")
+    written = [line for f in [dst, *parts] for line in _lines(f)]
+    done = {x["custom_id"] for x in written} | {int(x["id"].rsplit("_", 1)[1]) for x in written if not x["custom_id"]}
+    todo = read_requests(src)[rank::world]  # each process its share of the lines (not racing the others)
+    todo = [t for t in todo if (t[1] or t[0]) not in done]  # less the lines written (by custom_id, else line)
     model_facts(args.model)  # config.json checked before any weight is read
-    model, tok = dlm_decode.load_model(args.model, dtype=args.dtype, device=args.device)
+    device = f"cuda:{os.environ.get('LOCAL_RANK', rank)}" if world > 1 and args.device == "cuda" else args.device
+    model, tok = dlm_decode.load_model(args.model, dtype=args.dtype, device=device)
     engine = Engine(model, tok, max_batch=args.max_batch)
     name = Path(str(args.model)).name
-    with dst.open("a") as fh, tqdm(total=len(todo), desc="batch", unit="req") as bar:
+    out = parts[rank] if world > 1 else dst
+    with out.open("a") as fh, tqdm(total=len(todo), desc="batch", unit="req", disable=rank > 0) as bar:
         write_in_order(engine, todo, fh, bar, name)
+    if world > 1:
+        merge_parts(dst, parts, rank)
     return 0
+
+
+def shard() -> tuple[int, int]:
+    """(this process's rank, the number of processes) under ``accelerate launch`` / ``torchrun``, else (0, 1)."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    return (int(os.environ.get("RANK", "0")), world) if world > 1 else (0, 1)
+
+
+def part_path(dst: Path, rank: int) -> Path:
+    return dst.with_name(f"{dst.name}.part{rank}")
+
+
+def _lines(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
+
+
+def merge_parts(dst: Path, parts: list[Path], rank: int) -> None:
+    """Once every process has written its part, rank 0 appends the parts' lines to ``dst`` in input order (the
+    line number in each ``id``) and removes the parts: the same file one process writes."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        dist.init_process_group(backend="gloo")
+    dist.barrier()
+    if rank == 0:
+        lines = sorted((x for p in parts for x in _lines(p)), key=lambda x: int(x["id"].rsplit("_", 1)[1]))
+        with dst.open("a") as fh:
+            fh.writelines(json.dumps(x) + "\n" for x in lines)
+        for p in parts:
+            p.unlink()
+    dist.barrier()
+    dist.destroy_process_group()
 
 
 def write_in_order(engine: Engine, todo: list, fh: Any, bar: Any, name: str) -> None:
