@@ -247,3 +247,13 @@ def test_new_families_decode_as_alone(tmp_path):
             r = h.result()
             assert r.error is None, (name, o, r.error)
             assert (r.generated_ids, r.nfe) == alone(model, prompts[i % 3], o), (name, o)
+
+
+def test_a_cancel_right_after_submit_is_kept_in_order_by_the_thread(llada):
+    eng = Engine(llada, max_batch=2).start()
+    opts = {"sampler": "low_confidence", "gen_length": 32, "block_length": 8, "steps": 32}
+    for _ in range(5):
+        h = eng.submit(PROMPTS[0], **opts)
+        assert eng.cancel(h) == "cancelled"
+        assert h.result(timeout=60).finish_reason == "cancelled"
+    eng.stop()

@@ -134,6 +134,7 @@ class Engine:
         self._lock = threading.RLock()
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
+        self._wake = threading.Event()  # set by submit and cancel: an idle background thread looks again
 
     # -- the caller's side (thread-safe) ------------------------------------------------------------------
     @property
@@ -146,6 +147,7 @@ class Engine:
         with self._lock:
             self._handles[handle.id] = handle
         self._inbox.put(("submit", handle))
+        self._wake.set()
         return handle
 
     def cancel(self, handle: Handle | str) -> str:
@@ -159,6 +161,7 @@ class Engine:
             if h.done:
                 return "finished"
         self._inbox.put(("cancel", hid))
+        self._wake.set()
         return "cancelled"
 
     def run_until_done(self) -> None:
@@ -200,6 +203,7 @@ class Engine:
         if drain:
             self.run_until_done()
         self._stop.set()
+        self._wake.set()
         self._thread.join()
         self._thread = None
 
@@ -232,15 +236,9 @@ class Engine:
 
     def _serve(self) -> None:
         while not self._stop.is_set():
+            self._wake.clear()
             if not self.step():
-                try:
-                    self._inbox_wait()
-                except queue.Empty:
-                    pass
-
-    def _inbox_wait(self) -> None:
-        msg = self._inbox.get(timeout=0.05)
-        self._inbox.put(msg)  # handled by the next step, in order
+                self._wake.wait(timeout=0.05)  # idle until a submit or cancel (or the stop flag is checked)
 
     def _drain_inbox(self) -> None:
         while True:
