@@ -189,3 +189,32 @@ def test_forward_bound_refuses_bad_numbers_before_building_a_model(monkeypatch, 
         with pytest.raises(SystemExit):
             fb.main(argv)
         assert words in capsys.readouterr().err
+
+
+def test_bench_engine_runs_every_part_and_prints_json_last(capsys):
+    """bench_engine.py at tiny sizes: the three offline ways give the same tokens, the online part reports the
+    latency percentiles of both ways at each load, and the last line is the JSON with the thread count."""
+    bench_engine = load_script("benchmarks/bench_engine.py")
+    argv = ["--width", "64", "--layers", "1", "--vocab", "256", "--requests", "4", "--online-requests", "3"]
+    argv += ["--prompt-lengths", "8-24", "--gen-lengths", "32-64", "--max-batch", "2", "--repeats", "1"]
+    assert bench_engine.main(argv + ["--loads", "1.0"]) == 0
+    last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    off = last["offline"]
+    assert off["same_tokens"] is True and last["threads"] == torch.get_num_threads()
+    assert set(off["tokens_per_s"]) == {"engine", "static", "alone"} and off["tokens"] > 0
+    assert off["kv_bytes"]["engine_arena"] > 0
+    on = last["online"]["1"]
+    assert on["engine"]["latency"]["p95"] >= on["engine"]["latency"]["p50"] > 0
+    assert on["static"]["queueing"]["p50"] >= 0
+
+
+@pytest.mark.parametrize(
+    "argv, words",
+    [(["--gen-lengths", "40-64"], "multiple of the block"), (["--prompt-lengths", "9"], "LO-HI"),
+     (["--loads", "0.5,x"], "--loads"), (["--max-batch", "0"], "--max-batch")],
+)  # fmt: skip
+def test_bench_engine_refuses_bad_options_before_building_a_model(argv, words, monkeypatch):
+    bench_engine = load_script("benchmarks/bench_engine.py")
+    monkeypatch.setattr(bench_engine, "build_model", lambda args: pytest.fail("built a model"))
+    with pytest.raises(ValueError, match=words):
+        bench_engine.main(argv)
