@@ -103,6 +103,7 @@ def create_app(config: ServeConfig, engine: Engine | None = None, load: Callable
         raise ValueError("create_app needs an engine or a load() that builds one, not both")
     state = ServerState(engine)
     metrics = ServerMetrics(state.stats)
+    metrics.in_flight.set_function(lambda: state.active)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
