@@ -355,3 +355,57 @@ def test_cli_server_drains_on_sigterm(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+_PLAIN_GENERATE = """
+output_type: generate_until
+doc_to_text: "{{prompt}}"
+doc_to_target: "{{target}}"
+generation_kwargs:
+  until: ["\\n"]
+  max_gen_toks: 32
+metric_list:
+  - metric: exact_match
+"""
+
+
+def test_lm_eval_local_completions_through_the_server_scores_as_the_plugin(tmp_path, slow_demo):
+    """lm-eval's own ``local-completions`` model pointed at the server runs a generate_until task with the answers
+    and the score of the ``dlm_decode`` plugin (``tests/test_eval_plugin.py``'s plain task)."""
+    pytest.importorskip("lm_eval")
+    pytest.importorskip("tenacity", reason="lm-eval's API models need tenacity (the dev extra installs it)")
+    import lm_eval
+    import lm_eval.models.openai_completions  # noqa: F401  (registers local-completions)
+    from lm_eval.tasks import TaskManager
+
+    import dlm_decode.eval.lm  # noqa: F401  (registers the plugin's model name, as the entry point does)
+
+    prompts = ['copy ["Alan Wells", "Grace Wright"]', 'copy ["Billy Ramos", "Alan Wells", "Grace Wright"]']
+    out = dlm_decode.generate(slow_demo[0], prompts, tokenizer=slow_demo[1], chat=False, gen_length=32, block_length=32)
+    answers = [r.text.split("\n")[0] for r in out.rows]
+    assert all(answers)  # non-empty: a match is no coincidence of empty strings
+    docs = [{"prompt": prompts[0], "target": answers[0]}, {"prompt": prompts[1], "target": answers[1] + " (not this)"}]
+    data = tmp_path / "plain_gen.jsonl"
+    data.write_text("".join(json.dumps(d) + "\n" for d in docs))
+    head = f"task: plain_gen\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {data}\ntest_split: test\n"
+    (tmp_path / "plain_gen.yaml").write_text(head + _PLAIN_GENERATE)
+    common = dict(tasks=["plain_gen"], bootstrap_iters=0, log_samples=True)
+    plugin = lm_eval.simple_evaluate(
+        model="dlm_decode",
+        model_args="pretrained=demo-llada,gen_length=32,block_length=32,progress=false,device=cpu",
+        task_manager=TaskManager(include_path=str(tmp_path), include_defaults=False),
+        **common,
+    )
+    engine = Engine(*slow_demo, max_batch=2, defaults={"block_length": 32})
+    with serve_in_thread(create_app(ServeConfig("demo-llada"), engine=engine)) as url:
+        args = f"model=demo-llada,base_url={url}/v1/completions,tokenized_requests=False,tokenizer_backend=None"
+        served = lm_eval.simple_evaluate(
+            model="local-completions",
+            model_args=args + ",max_retries=1,num_concurrent=2",
+            task_manager=TaskManager(include_path=str(tmp_path), include_defaults=False),
+            **common,
+        )
+    for res in (plugin, served):
+        samples = sorted(res["samples"]["plain_gen"], key=lambda x: x["doc_id"])
+        assert [x["filtered_resps"][0] for x in samples] == answers
+        assert res["results"]["plain_gen"]["exact_match,none"] == 0.5

@@ -239,15 +239,21 @@ async def _admit(request: Request, kind: str, config: ServeConfig, state: Server
     if state.active >= engine.max_batch + config.max_waiting:
         msg = f"the queue is full ({state.active} requests in flight); retry later"
         raise ApiError(429, msg, "rate_limit_error", **_retry(config))
-    try:
-        handle = engine.submit(body.prompt, **request_options(engine.defaults, body.options))
+    state.enter()  # counted from here, so requests submitting at once cannot pass the queue's limit together
+    try:  # on a worker thread: submit waits for the engine's lock, which a step holds for its forward
+        opts = request_options(engine.defaults, body.options)
+        handle = await asyncio.to_thread(engine.submit, body.prompt, **opts)
     except ValueError as err:
+        state.leave()
         raise ApiError(400, str(err)) from None
+    except BaseException:
+        state.leave()
+        raise
     n = len(handle.submission.prompt_ids)
     if config.max_prompt_tokens is not None and n > config.max_prompt_tokens:
         engine.cancel(handle)
+        state.leave()
         raise ApiError(400, f"the prompt has {n} tokens; this server takes at most {config.max_prompt_tokens}")
-    state.enter()
     return body, engine, handle
 
 

@@ -33,7 +33,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--max-waiting", type=int, default=64, help="requests waiting beyond --max-batch before a 429 (default 64)"
     )
-    p.add_argument("--max-tokens", type=int, default=None, help="cap on the running requests' canvas slots summed")
+    p.add_argument(
+        "--max-batch-tokens", type=int, default=None, help="cap on the running requests' canvas slots summed"
+    )
     p.add_argument("--served-model-name", default=None, help="the `model` requests name (default: MODEL's last part)")
     p.add_argument("--api-key", default=None, help=f"require `Authorization: Bearer KEY` (default: ${API_KEY_ENV})")
     p.add_argument("--max-body-bytes", type=int, default=1 << 20, help="largest request body (default 1 MiB)")
@@ -52,7 +54,7 @@ def server_defaults(args: argparse.Namespace) -> dict[str, Any]:
 def check_args(args: argparse.Namespace) -> dict[str, Any]:
     """Every flag checked, and the defaults checked against the checkpoint, before any weight is read."""
     check_device(args.device, "--device")
-    for name in ("max_batch", "max_waiting", "max_body_bytes", "max_prompt_tokens", "max_tokens"):
+    for name in ("max_batch", "max_waiting", "max_body_bytes", "max_prompt_tokens", "max_batch_tokens"):
         value = getattr(args, name)
         if value is not None and (value < 1 if name != "max_waiting" else value < 0):
             raise ValueError(f"--{name.replace('_', '-')} must be {'>= 0' if name == 'max_waiting' else '>= 1'}")
@@ -94,4 +96,4 @@ def _engine(args: argparse.Namespace, defaults: dict[str, Any]):
     from dlm_decode.engine import Engine
 
     model, tok = dlm_decode.load_model(args.model, dtype=args.dtype, device=args.device)
-    return Engine(model, tok, max_batch=args.max_batch, max_tokens=args.max_tokens, defaults=defaults)
+    return Engine(model, tok, max_batch=args.max_batch, max_tokens=args.max_batch_tokens, defaults=defaults)
