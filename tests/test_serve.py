@@ -409,3 +409,34 @@ def test_lm_eval_local_completions_through_the_server_scores_as_the_plugin(tmp_p
         samples = sorted(res["samples"]["plain_gen"], key=lambda x: x["doc_id"])
         assert [x["filtered_resps"][0] for x in samples] == answers
         assert res["results"]["plain_gen"]["exact_match,none"] == 0.5
+
+
+def test_server_and_batch_file_give_the_same_answers_and_messages(server, tmp_path):
+    """One body, two paths: the server's answer (and error message) equals ``dlm-decode batch``'s for that line."""
+    from dlm_decode.cli import main
+
+    url, _ = server
+    bodies = [
+        (
+            "/v1/chat/completions",
+            {"messages": CHAT, "max_tokens": 32, "stop": ["]"], "response_format": {"type": "text"}},
+        ),
+        ("/v1/completions", {"prompt": "Sort: pear, apple, fig", "max_tokens": 16, "sampler": "threshold", "seed": 2}),
+        ("/v1/completions", {"prompt": "hi", "echo": True}),
+        ("/v1/chat/completions", {"messages": CHAT, "cache": "nope"}),
+    ]
+    src, dst = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    src.write_text(
+        "".join(json.dumps({"custom_id": str(i), "url": u, "body": b}) + "\n" for i, (u, b) in enumerate(bodies))
+    )
+    assert main(["batch", NAME, "-i", str(src), "-o", str(dst)]) == 0
+    lines = [json.loads(x)["response"] for x in dst.read_text().splitlines()]
+    for (path, body), line in zip(bodies, lines, strict=True):
+        got = post(url, path, body)
+        assert got.status_code == line["status_code"]
+        want, have = line["body"], got.json()
+        if got.status_code != 200:
+            assert have["error"]["message"] == want["error"]["message"]
+            continue
+        assert have["choices"][0] | {"index": 0} == want["choices"][0] and have["usage"] == want["usage"]
+        assert have["dlm"]["completion_ids"] == want["dlm"]["completion_ids"]

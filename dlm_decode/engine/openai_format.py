@@ -38,7 +38,7 @@ BODY_OPTIONS = {
     "steps": "steps",
     "stop_at_eos": "stop_at_eos",
 }
-IGNORED = {"model", "user"}
+IGNORED = {"model", "user", "metadata"}
 NEUTRAL = {  # accepted only at the value that changes nothing
     "frequency_penalty": (0, 0.0, None),
     "presence_penalty": (0, 0.0, None),
@@ -50,6 +50,10 @@ NEUTRAL = {  # accepted only at the value that changes nothing
     "n": (1, None),
     "logit_bias": (None, {}),
     "parallel_tool_calls": (None,),
+    "tool_choice": (None, "none"),
+    "response_format": (None, {"type": "text"}),
+    "store": (False, None),
+    "service_tier": (None, "auto", "default"),
 }
 SERVER_FIELDS = ("stream", "stream_options", "timeout")
 MAX_STOPS = 4  # as OpenAI
