@@ -15,6 +15,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+import torch
 
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
@@ -440,3 +441,27 @@ def test_server_and_batch_file_give_the_same_answers_and_messages(server, tmp_pa
             continue
         assert have["choices"][0] | {"index": 0} == want["choices"][0] and have["usage"] == want["usage"]
         assert have["dlm"]["completion_ids"] == want["dlm"]["completion_ids"]
+
+
+def live_tensor_bytes() -> int:
+    import gc
+
+    gc.collect()
+    return sum(o.numel() * o.element_size() for o in gc.get_objects() if torch.is_tensor(o))
+
+
+def test_the_engine_keeps_no_memory_from_step_to_step(server):
+    """Grad mode is per thread: without no_grad on the engine's own steps every step left tensors alive (the server
+    grew by gigabytes under load: 22 GB after a few hundred steps at 16 rows). Rounds of 4 concurrent requests leave
+    the live tensors as they were."""
+    url, engine = server
+
+    def round_of_four() -> None:
+        with ThreadPoolExecutor(4) as pool:
+            list(pool.map(lambda i: client(url).completions.create(model=NAME, prompt=f"Sort: {i}", **FAST), range(4)))
+
+    round_of_four()
+    before = live_tensor_bytes()
+    round_of_four()
+    round_of_four()
+    assert live_tensor_bytes() - before < 1 << 20
