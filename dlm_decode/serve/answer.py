@@ -87,6 +87,7 @@ class StreamRun:
     completion: int = 0
     result: EngineResult | None = None
     status: int = 200  # the HTTP status the stream stands for (408 timed out, 500 failed), for the metrics
+    ended: bool = False  # counted and cancelled (once)
     created: int = field(default_factory=lambda: int(time.time()))
 
     def chunk(self, text: str | None = None, finish: str | None = None, role: bool = False, **extra: Any) -> str:

@@ -17,12 +17,14 @@ Errors follow OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}`
 from __future__ import annotations
 
 import asyncio
+import functools
 import hmac
 import json
 import logging
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -204,7 +206,10 @@ async def _complete(request: Request, kind: str, config: ServeConfig, state: Ser
     deadline = None if body.timeout is None else time.monotonic() + body.timeout
     if body.stream:
         run = StreamRun(body, engine, handle, config.model_name)
-        return StreamingResponse(_stream(run, pump, deadline, state, metrics, t0), media_type="text/event-stream")
+        end = functools.partial(_end_stream, run, state, metrics, t0)
+        events = _stream(run, pump, deadline, end)
+        weakref.finalize(events, end, CLIENT_GONE)  # a client gone before the first event: the body never starts
+        return StreamingResponse(events, media_type="text/event-stream")
     status, result = 200, None
     try:
         while not isinstance(result, EngineResult):
@@ -268,7 +273,7 @@ def _retry(config: ServeConfig) -> dict[str, str]:
     return {"retry-after": str(config.retry_after_s)}
 
 
-async def _stream(run: StreamRun, pump: Pump, deadline, state: ServerState, metrics: ServerMetrics, t0: float):
+async def _stream(run: StreamRun, pump: Pump, deadline: float | None, end: Callable[[int], None]):
     """The SSE body; its end (finished, timed out, or the client gone) cancels the request and counts it."""
     status = CLIENT_GONE
     try:
@@ -276,7 +281,15 @@ async def _stream(run: StreamRun, pump: Pump, deadline, state: ServerState, metr
             yield line
         status = run.status
     finally:
-        run.engine.cancel(run.handle)  # a no-op when it had finished
-        state.leave()
-        kind, done = run.body.kind, status == 200
-        metrics.record(kind, status, time.perf_counter() - t0, run.result if done else None, run.completion)
+        end(status)
+
+
+def _end_stream(run: StreamRun, state: ServerState, metrics: ServerMetrics, t0: float, status: int) -> None:
+    """Once per stream, however it ends: cancel the request (a no-op when it had finished), count it."""
+    if run.ended:
+        return
+    run.ended = True
+    run.engine.cancel(run.handle)
+    state.leave()
+    done = status == 200
+    metrics.record(run.body.kind, status, time.perf_counter() - t0, run.result if done else None, run.completion)
