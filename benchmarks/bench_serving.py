@@ -6,8 +6,9 @@ Three setups decode the same requests: ``engine`` (``Engine.submit`` from the cl
 time). For each number of clients (``--clients``): ``--requests`` chat requests arrive as a Poisson process of
 ``--rate`` per second (exponential gaps, seeded); a free client sends the next arrived one and waits for its answer
 (so at most that many are in flight). Per setup and client count: requests and completion tokens per second over
-the wall time, and the p50 / p95 latency (send to answer). Every answer is compared across the setups
-(``answers_equal``: each request decodes as it would alone, so they must agree). One untimed request per setup first.
+the wall time, and the p50 / p95 latency (send to answer). At each client count the setups run one after another
+(a busy machine's drift hits them alike). Every answer is compared across the setups (``answers_equal``: each
+request decodes as it would alone, so they must agree). One untimed request per setup first.
 CPU, one torch thread by default. The last line is one JSON object.
 
     OMP_NUM_THREADS=1 python benchmarks/bench_serving.py --model demo-llada2 --clients 1,4,16,64 --requests 64
@@ -136,7 +137,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         }
         for setup in setups:
             senders[setup](0)  # untimed
-            for c in clients:
+        for c in clients:  # the setups side by side at each client count: a busy machine's drift hits them alike
+            for setup in setups:
                 row = {"setup": setup, **load(senders[setup], args.requests, c, args.rate, args.seed)}
                 rows.append(row)
                 print({k: v for k, v in row.items() if k != "texts"}, flush=True)

@@ -201,7 +201,7 @@ def test_serving_benchmark_runs_every_setup_and_prints_json_last(capsys):
     out = bench.main(argv)
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == out
     got = [(r["setup"], r["clients"]) for r in out["results"]]
-    assert got == [(s, c) for s in ("engine", "http", "http-batch1") for c in (1, 3)]
+    assert got == [(s, c) for c in (1, 3) for s in ("engine", "http", "http-batch1")]
     assert out["answers_equal"] and out["threads"] == torch.get_num_threads()
     for r in out["results"]:
         assert r["req_per_s"] > 0 and 0 < r["p50_s"] <= r["p95_s"] and r["tokens_per_s"] >= 0
