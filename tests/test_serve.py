@@ -193,6 +193,23 @@ def test_bad_requests_get_openai_errors_naming_the_field(server, path, body, sta
     assert httpx.get(f"{url}/health").status_code == 200
 
 
+def test_a_stream_past_its_timeout_ends_with_a_408_error_event(server):
+    url, _ = server
+    body = {"messages": CHAT, "max_tokens": 256, "steps": 256, "timeout": 0.05, "stream": True}
+    with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=60) as r:
+        events = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
+    assert r.status_code == 200 and events[-1] == "[DONE]"
+    err = json.loads(events[-2])["error"]
+    assert err["code"] == 408 and "timeout" in err["message"]
+    with pytest.raises(openai.APIError, match="timeout"):
+        list(
+            client(url).chat.completions.create(
+                model=NAME, stream=True, extra_body={"timeout": 0.05, "steps": 256}, messages=CHAT, max_tokens=256
+            )
+        )
+    assert scrape(url)[("dlm_requests_total", (("endpoint", "chat"), ("status", "408")))] >= 2
+
+
 def test_openai_client_raises_its_own_errors(server):
     c = client(server[0])
     with pytest.raises(openai.BadRequestError, match="tools"):
