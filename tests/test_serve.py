@@ -485,3 +485,26 @@ def test_the_engine_keeps_no_memory_from_step_to_step(server):
     round_of_four()
     round_of_four()
     assert live_tensor_bytes() - before < 1 << 20
+
+
+def test_cli_defaults_loopback_and_the_api_key_from_the_environment(monkeypatch):
+    """``dlm-decode serve``'s wiring, up to uvicorn's start (replaced here): the loopback default, the port, the
+    served name, the key from ``$DLM_DECODE_API_KEY`` (a flag wins), and the decoding flags as the engine's defaults."""
+    from dlm_decode.cli import main
+    from dlm_decode.serve import cli as serve_cli
+    from dlm_decode.serve.server import DrainingServer
+
+    seen = []
+    monkeypatch.setattr(DrainingServer, "run", lambda self: seen.append(self.config))
+    monkeypatch.setenv(serve_cli.API_KEY_ENV, "from-env")
+    assert main(["serve", NAME, "--port", "8123", "--sampler", "threshold", "--sampler-opt", "threshold=0.8"]) == 0
+    assert main(["serve", NAME, "--api-key", "flag", "--served-model-name", "m", "--host", "0.0.0.0"]) == 0
+    first, second = seen
+    assert (first.host, first.port, second.port) == ("127.0.0.1", 8123, 8000)
+    assert first.app.state.config.api_key == "from-env" and first.app.state.config.model_name == NAME
+    assert second.app.state.config.api_key == "flag" and second.app.state.config.model_name == "m"
+    from dlm_decode.cli import build_parser
+
+    args = build_parser().parse_args(["serve", NAME, "--sampler", "threshold", "--sampler-opt", "threshold=0.8"])
+    defaults = serve_cli.server_defaults(args)
+    assert defaults["sampler"] == "threshold" and defaults["sampler_options"] == {"threshold": "0.8"}
