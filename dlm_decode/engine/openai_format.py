@@ -97,6 +97,10 @@ def parse_body(body: Any, kind: str, *, server: bool = False) -> Body:
             raise ValueError(f"'{key}' is not supported (only {allowed}), got {body[key]!r}")
     if "max_tokens" in body and "max_completion_tokens" in body:
         raise ValueError("give 'max_tokens' or 'max_completion_tokens', not both")
+    for key in ("max_tokens", "max_completion_tokens"):  # named as sent (the engine would name its gen_length)
+        v = body.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            raise ValueError(f"'{key}' (the generation length) must be a positive integer, got {v!r}")
     opts = {BODY_OPTIONS[k]: v for k, v in body.items() if k in BODY_OPTIONS}
     opts["chat"] = kind == "chat"
     prompt = _messages(body[field]) if kind == "chat" else _prompt(body[field])
