@@ -513,3 +513,35 @@ def test_cli_defaults_loopback_and_the_api_key_from_the_environment(monkeypatch)
     args = build_parser().parse_args(["serve", NAME, "--sampler", "threshold", "--sampler-opt", "threshold=0.8"])
     defaults = serve_cli.server_defaults(args)
     assert defaults["sampler"] == "threshold" and defaults["sampler_options"] == {"threshold": "0.8"}
+
+
+def test_health_is_503_while_loading_then_200_and_a_failed_load_stays_503(demo):
+    gate = threading.Event()
+
+    def load():
+        gate.wait(30)
+        return Engine(*demo, max_batch=1)
+
+    with serve_in_thread(create_app(ServeConfig(NAME), load=load)) as url:
+        r = httpx.get(f"{url}/health")
+        assert (r.status_code, r.json()) == (503, {"status": "loading"})
+        busy = post(url, "/v1/completions", {"prompt": "hi"})
+        assert busy.status_code == 503 and "loading" in busy.json()["error"]["message"]
+        gate.set()
+        deadline = time.monotonic() + 30
+        while httpx.get(f"{url}/health").status_code != 200:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        answer = client(url).completions.create(model=NAME, prompt=[10, 11, 12], max_tokens=16)
+        assert answer.choices[0].finish_reason in ("stop", "length")
+
+    def broken():
+        raise RuntimeError("no weights")
+
+    with serve_in_thread(create_app(ServeConfig(NAME), load=broken)) as url:
+        deadline = time.monotonic() + 30
+        while httpx.get(f"{url}/health").json()["status"] == "loading":
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        r = httpx.get(f"{url}/health")
+        assert (r.status_code, r.json()) == (503, {"status": "failed"})
