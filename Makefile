@@ -15,7 +15,7 @@ $(VENV)/.base: $(BIN)/python pyproject.toml
 	touch $@
 
 $(VENV)/.dev: $(VENV)/.base
-	$(BIN)/pip install -q -e ".[dev,eval,train,plot,triton]"
+	$(BIN)/pip install -q -e ".[dev,eval,train,plot,triton,serve]"
 	touch $@
 
 .PHONY: install install-dev demo test lint

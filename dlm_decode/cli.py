@@ -32,11 +32,15 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "eval": ("dlm_decode.eval.cli", "lm-eval with the dlm_decode model and the offline tasks (takes lm-eval flags)"),
     "parallelbench": ("dlm_decode.parallelbench.cli", "score a model on ParallelBench; sweeps, PBx, oracle, plots"),
     "batch": ("dlm_decode.engine.batch_file", "decode an OpenAI batch file (JSONL) on the continuous-batching engine"),
+    "serve": ("dlm_decode.serve.cli", "an OpenAI-compatible HTTP server on the engine (chat, completions, streaming)"),
     "demo": ("dlm_decode.demo", "decode ParallelBench-style tasks with every sampler and cache (the demo model)"),
 }
 # subcommand -> (optional extra, the modules it installs): a subcommand whose extra is missing is not imported (so it
 # cannot break the others, nor the base install's ``make demo``) and answers with one line naming the install
-EXTRAS: dict[str, tuple[str, tuple[str, ...]]] = {"eval": ("eval", ("lm_eval",))}
+EXTRAS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "eval": ("eval", ("lm_eval",)),
+    "serve": ("serve", ("fastapi", "uvicorn", "prometheus_client")),
+}
 
 
 class MissingExtraError(RuntimeError):

@@ -3,7 +3,8 @@
 - ``benchmarks/bench_block_diffusion.py``'s GPU pieces (issue 48): the random model built in place at LLaDA2.0-mini's
   widths, and the roofline's bytes a forward, counted from the experts the forwards reach, on a model whose routing is
   forced so the count is known.
-- ``benchmarks/profile_decode.py``: the profile of a decode on a random tiny LLaDA, its summary and its errors."""
+- ``benchmarks/profile_decode.py``: the profile of a decode on a random tiny LLaDA, its summary and its errors.
+- ``benchmarks/bench_serving.py``: the serving benchmark at tiny sizes (every setup agrees on every answer)."""
 
 from __future__ import annotations
 
@@ -218,3 +219,20 @@ def test_bench_engine_refuses_bad_options_before_building_a_model(argv, words, m
     monkeypatch.setattr(bench_engine, "build_model", lambda args: pytest.fail("built a model"))
     with pytest.raises(ValueError, match=words):
         bench_engine.main(argv)
+
+
+def test_serving_benchmark_runs_every_setup_and_prints_json_last(capsys):
+    """``benchmarks/bench_serving.py`` at tiny sizes: a row per setup and client count, the same answers from the
+    engine in-process, the server and the one-row server, and its JSON last."""
+    pytest.importorskip("fastapi")
+    bench = load_script("benchmarks/bench_serving.py")
+    argv = ["--clients", "1,3", "--requests", "3", "--rate", "100", "--gen-length", "16", "--max-batch", "2"]
+    out = bench.main(argv)
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == out
+    got = [(r["setup"], r["clients"]) for r in out["results"]]
+    assert got == [(s, c) for c in (1, 3) for s in ("engine", "http", "http-batch1")]
+    assert out["answers_equal"] and out["threads"] == torch.get_num_threads()
+    for r in out["results"]:
+        assert r["req_per_s"] > 0 and 0 < r["p50_s"] <= r["p95_s"] and r["tokens_per_s"] >= 0
+    with pytest.raises(SystemExit):
+        bench.main(["--setups", "engine,nope"])

@@ -11,7 +11,8 @@ Two tables keep the rest honest:
   repeats), the test shortens it with the flags listed, and says why. Each rule must still match some example.
 - ``NOT_RUN``: blocks not run, each with the reason (the set-up commands themselves, GPU-only, multi-process).
 Blocks that read the official ParallelBench files skip, saying so, when ``$DLM_PARALLELBENCH_DATA`` /
-``../shared/data/parallelbench`` is absent; ``dlm-decode eval`` examples skip without the ``.[eval]`` extra.
+``../shared/data/parallelbench`` is absent; ``dlm-decode eval`` examples skip without the ``.[eval]`` extra, and
+``dlm-decode serve`` examples without the ``.[serve]`` extra and the ``openai`` client.
 """
 
 from __future__ import annotations
@@ -140,6 +141,7 @@ EXPECT = {  # block (file, text it contains) -> what its stdout must contain
     ("README.md", 'generate demo-llada --chat "$COPY"'): '["Mary Johnson", "David Smith", "Lisa Brown"]',
     ("docs/samplers.md", 'generate demo-llada --chat "$COPY"'): "Mary Johnson",
     ("README.md", "eng = Engine(model, tok, max_batch=4)"): '["Mary Johnson", "David Smith", "Lisa Brown"]',
+    ("README.md", "dlm-decode serve demo-llada2"): '"object":"chat.completion"',
 }
 
 NEEDS_DATA = re.compile(
@@ -147,6 +149,8 @@ NEEDS_DATA = re.compile(
     r"|cache_ratios|elastic_drift|prompt_blind|bench_block_diffusion.*--data"
 )
 NEEDS_EVAL = re.compile(r"dlm-decode eval|import lm_eval")
+NEEDS_SERVE = re.compile(r"dlm-decode serve|from openai")
+SERVE_MODULES = ("fastapi", "uvicorn", "prometheus_client", "openai")
 
 
 def parse_blocks(file: str) -> list[Block]:
@@ -255,6 +259,8 @@ def test_doc_example_runs(block: Block, tmp_path: Path) -> None:
         pytest.skip(f"needs the official ParallelBench files ($DLM_PARALLELBENCH_DATA or {data_dir()})")
     if NEEDS_EVAL.search(block.text) and importlib.util.find_spec("lm_eval") is None:
         pytest.skip('needs the eval extra: pip install -e ".[eval]"')
+    if NEEDS_SERVE.search(block.text) and not all(importlib.util.find_spec(m) for m in SERVE_MODULES):
+        pytest.skip('needs the serve extra and the openai client: pip install -e ".[serve]" openai')
     result = run_block(block, tmp_path)
     assert result.returncode == 0, (
         f"{block.id} exited {result.returncode}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"

@@ -7,9 +7,10 @@ The convention of OpenAI's Batch API and vLLM's ``run_batch``. An input line:
               "sampler": "threshold", "sampler_options": {"threshold": 0.9}, "cache": "prefix"}}
 
 ``url`` is ``/v1/chat/completions`` (``messages``) or ``/v1/completions`` (``prompt``: text, or token ids). Body
-fields: ``max_tokens`` (the gen length), ``temperature``, ``top_p``, ``seed``, and our extras ``sampler``,
+fields: ``max_tokens`` (the gen length), ``temperature``, ``top_p``, ``seed``, ``stop``, and our extras ``sampler``,
 ``sampler_options``, ``cache``, ``cache_options``, ``block_length``, ``steps``, ``top_k``, ``stop_at_eos``;
-``model`` is accepted and ignored, ``n`` must be 1 and ``stream`` false. Unset options take the checkpoint's
+``model`` is accepted and ignored, ``n`` must be 1 and ``stream`` false. The bodies are read and answered by
+``openai_format``, as the server (``dlm-decode serve``) reads and answers them. Unset options take the checkpoint's
 ``generation_config.json`` defaults, as ``generate`` does. An output line, in input order:
 
     {"id": "batch_req_0", "custom_id": "q1", "response": {"status_code": 200, "request_id": "...", "body": {...}},
@@ -29,7 +30,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import time
 from pathlib import Path
 from typing import Any
 
@@ -37,25 +37,8 @@ from tqdm.auto import tqdm
 
 import dlm_decode
 from dlm_decode.engine.engine import Engine, Handle
-from dlm_decode.engine.request import EngineResult
+from dlm_decode.engine.openai_format import URLS, Body, parse_body, response_body
 from dlm_decode.models.loading import check_device, model_facts
-
-URLS = {"/v1/chat/completions": "chat", "/v1/completions": "completion"}
-BODY_OPTIONS = {
-    "max_tokens": "gen_length",
-    "temperature": "temperature",
-    "top_p": "top_p",
-    "seed": "seed",
-    "top_k": "top_k",
-    "sampler": "sampler",
-    "sampler_options": "sampler_options",
-    "cache": "cache",
-    "cache_options": "cache_options",
-    "block_length": "block_length",
-    "steps": "steps",
-    "stop_at_eos": "stop_at_eos",
-}
-IGNORED = {"model", "user"}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -68,8 +51,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="float32")
 
 
-def parse_line(text: str, n: int) -> tuple[str, str, dict[str, Any], Any]:
-    """-> (custom_id, kind, options, prompt) of input line ``n``; ``ValueError`` naming the field otherwise."""
+def parse_line(text: str, n: int) -> tuple[str, Body]:
+    """-> (custom_id, checked body) of input line ``n``; ``ValueError`` naming the field otherwise."""
     try:
         line = json.loads(text)
     except json.JSONDecodeError as err:
@@ -87,67 +70,7 @@ def parse_line(text: str, n: int) -> tuple[str, str, dict[str, Any], Any]:
     body = line.get("body")
     if not isinstance(body, dict):
         raise ValueError(f"line {n}: 'body' must be a JSON object")
-    return cid, kind, *body_options(body, kind)
-
-
-def body_options(body: dict[str, Any], kind: str) -> tuple[dict[str, Any], Any]:
-    """A request body -> (engine options, prompt); ``ValueError`` naming an unsupported or bad field."""
-    field = "messages" if kind == "chat" else "prompt"
-    other = "prompt" if kind == "chat" else "messages"
-    if field not in body:
-        raise ValueError(f"body needs '{field}' for {'chat completions' if kind == 'chat' else 'completions'}")
-    if other in body:
-        raise ValueError(f"body has '{other}', which this url does not take; give '{field}'")
-    if body.get("n", 1) != 1:
-        raise ValueError(f"'n' must be 1, got {body['n']!r}")
-    if body.get("stream", False):
-        raise ValueError("'stream' is not available in a batch file")
-    unknown = sorted(set(body) - set(BODY_OPTIONS) - IGNORED - {field, "n", "stream"})
-    if unknown:
-        raise ValueError(f"unsupported field(s) {', '.join(unknown)}; supported: {', '.join(sorted(BODY_OPTIONS))}")
-    opts = {BODY_OPTIONS[k]: v for k, v in body.items() if k in BODY_OPTIONS}
-    prompt = body[field]
-    if kind == "chat":
-        if not isinstance(prompt, list) or not prompt or not all(isinstance(m, dict) for m in prompt):
-            raise ValueError("'messages' must be a non-empty list of {role, content} objects")
-        opts["chat"] = True
-    else:
-        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-            prompt = prompt[0]
-        if not isinstance(prompt, str) and not (isinstance(prompt, list) and all(isinstance(t, int) for t in prompt)):
-            raise ValueError("'prompt' must be a string or a list of token ids")
-        opts["chat"] = False
-    return opts, prompt
-
-
-def response_body(result: EngineResult, kind: str, model_name: str) -> dict[str, Any]:
-    """A ``chat.completion`` / ``text_completion`` object for a finished request."""
-    text = result.text if result.text is not None else ""
-    finish = "stop" if result.finish_reason == "stop" else "length"
-    choice: dict[str, Any] = {"index": 0, "finish_reason": finish, "logprobs": None}
-    if kind == "chat":
-        choice["message"] = {"role": "assistant", "content": text}
-    else:
-        choice["text"] = text
-    completion = len(result.completion_ids)
-    return {
-        "id": f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{result.id}",
-        "object": "chat.completion" if kind == "chat" else "text_completion",
-        "created": int(time.time()),
-        "model": model_name,
-        "choices": [choice],
-        "usage": {
-            "prompt_tokens": len(result.prompt_ids),
-            "completion_tokens": completion,
-            "total_tokens": len(result.prompt_ids) + completion,
-        },
-        "dlm": {
-            "nfe": result.nfe,
-            "token_forwards": result.token_forwards,
-            "seconds": round(result.seconds, 6),
-            "completion_ids": result.completion_ids,
-        },
-    }
+    return cid, parse_body(body, kind)
 
 
 def output_line(n: int, cid: str | None, body: dict[str, Any] | None, error: str | None) -> dict[str, Any]:
@@ -168,17 +91,16 @@ def output_line(n: int, cid: str | None, body: dict[str, Any] | None, error: str
 
 
 def read_requests(path: Path) -> list[tuple[int, str | None, Any]]:
-    """(line number, custom_id, (kind, options, prompt) or the error message) of every line."""
+    """(line number, custom_id, its ``Body`` or the error message) of every line."""
     out, seen = [], set()
     for n, text in enumerate(path.read_text().splitlines()):
         if not text.strip():
             continue
         try:
-            cid, kind, opts, prompt = parse_line(text, n)
+            cid, item = parse_line(text, n)
             if cid in seen:
                 raise ValueError(f"line {n}: custom_id {cid!r} repeats an earlier line's")
             seen.add(cid)
-            item: Any = (kind, opts, prompt)
         except ValueError as err:
             cid, item = _custom_id(text), str(err)
         out.append((n, cid, item))
@@ -255,19 +177,18 @@ def merge_parts(dst: Path, parts: list[Path], rank: int) -> None:
 
 def write_in_order(engine: Engine, todo: list, fh: Any, bar: Any, name: str) -> None:
     """Submit every line, step the engine, and write each line once every earlier one is written."""
-    pending: list[tuple[int, str | None, Handle | str, str]] = []
+    pending: list[tuple[int, str | None, Handle | str, Body | None]] = []
     for n, cid, item in todo:
         if isinstance(item, str):
-            pending.append((n, cid, item, ""))
+            pending.append((n, cid, item, None))
             continue
-        kind, opts, prompt = item
         try:
-            pending.append((n, cid, engine.submit(prompt, **opts), kind))
+            pending.append((n, cid, engine.submit(item.prompt, **item.options), item))
         except ValueError as err:
-            pending.append((n, cid, str(err), kind))
+            pending.append((n, cid, str(err), item))
     pos = 0
     while pos < len(pending):
-        n, cid, h, kind = pending[pos]
+        n, cid, h, body = pending[pos]
         if isinstance(h, Handle) and not h.done:
             engine.step()
             continue
@@ -276,7 +197,7 @@ def write_in_order(engine: Engine, todo: list, fh: Any, bar: Any, name: str) -> 
         else:
             r = h.result()
             line = (
-                output_line(n, cid, response_body(r, kind, name), None)
+                output_line(n, cid, response_body(r, body.kind, name, body.stop, engine.tokenizer), None)
                 if r.error is None
                 else output_line(n, cid, None, r.error)
             )

@@ -29,6 +29,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 from dlm_decode.cache.arena import Arena
 from dlm_decode.core.inputs import ModelFacts, Prompt
 from dlm_decode.decode.loop import Unit
@@ -219,6 +221,7 @@ class Engine:
             }
 
     # -- the engine's side ----------------------------------------------------------------------------------
+    @torch.no_grad()  # grad mode is per thread: generate's no_grad does not reach the engine's thread
     def step(self) -> bool:
         """One scheduling round: take in submissions and cancels, admit, one step of every running request,
         stream and finish. False when nothing is waiting or running."""
