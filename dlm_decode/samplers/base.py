@@ -121,6 +121,12 @@ class Sampler:
             if steps > config.gen_length:
                 raise ValueError(f"{self.name}: steps ({steps}) must be <= gen_length ({config.gen_length})")
 
+    def count_bounds(self, block: int, block_steps: int, gen_length: int) -> dict[str, tuple[int, str]]:
+        """Options that count tokens or steps of one block (or of the generation): option -> (bound, what it is),
+        checked by ``options.check_bounded`` from ``check_request``. ``block``: the block length; ``block_steps``: the
+        most steps a block takes (a fixed budget's share, else one per slot). None by default."""
+        return {}
+
     def steps_per_block(self, state: DecodeState) -> int:
         return max(1, state.steps // state.num_blocks)
 
