@@ -214,3 +214,18 @@ def test_run_benchmark_checks_every_prompt_before_any_forward(llada_dir, tmp_pat
     with pytest.raises(ValueError, match="waiting_line/copy: prompt 0 has .* maximum sequence length 256"):
         run_benchmark(model, tok, tasks, {"gen_length": 256, "block_length": 256})
     assert calls == []  # not even the warm-up ran
+
+
+def test_eval_cli_checks_model_args_against_the_shipped_tasks_request_types():
+    """A mixed task list: the likelihood task's refusal comes before lm-eval runs the generation task (and loads)."""
+    pytest.importorskip("lm_eval")
+    from dlm_decode.eval.cli import check_before_running, shipped_request_types
+
+    types = shipped_request_types()
+    assert types["dlm_tiny_mc"] == {"loglikelihood"} and types["parallelbench"] == {"generate_until"}
+    args = ["--model", "dlm_decode", "--tasks", "parallelbench_waiting_line_copy,dlm_tiny_mc", "--model_args"]
+    with pytest.raises(ValueError, match="model_args: sampler=threshold does not apply to loglikelihood requests"):
+        check_before_running([*args, "pretrained=demo-llada,sampler=threshold"])
+    check_before_running([*args, "pretrained=demo-llada"])  # no sampler or cache named: fine
+    check_before_running(["--model", "dlm_decode", "--tasks", "parallelbench", "--model_args", "cache=dual"])
+    check_before_running(["--model", "hf", "--tasks", "dlm_tiny_mc", "--model_args", "cache=dual"])  # not ours
