@@ -139,6 +139,10 @@ EXPECT = {  # block (file, text it contains) -> what its stdout must contain
     ("README.md", "dlm_decode.load_model"): '["Mary Johnson", "David Smith", "Lisa Brown"]',
     ("README.md", 'generate demo-llada --chat "$COPY"'): '["Mary Johnson", "David Smith", "Lisa Brown"]',
     ("docs/samplers.md", 'generate demo-llada --chat "$COPY"'): "Mary Johnson",
+    # the lossless examples say what they print: the copy without a cache, entropy's dual-cache output with one
+    ("docs/samplers.md", "rule=entropy\n"): '["Mary Johnson", "David Smith", "Lisa Brown"]',
+    ("docs/samplers.md", "rule=entropy --cache dual"): '["Mary Harrison", "David Smith", "Lisa Brown"]',
+    ("README.md", "--input-ids 5,6,7 --preset fast_dllm_threshold"): "(empty answer: the text ends at once",
 }
 
 NEEDS_DATA = re.compile(
