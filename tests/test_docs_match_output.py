@@ -36,8 +36,8 @@ def test_demo_quick_is_described_as_it_runs():
 
 
 def test_parallelbench_json_writes_option_values_as_the_sampler_took_them():
-    args = parse_args(["parallelbench", "--model", "demo-llada", "--sampler", "threshold", "--sampler-opt",
-                       "threshold=0.9", "--cache", "dual", "--cache-opt", "refresh_interval=4", "--json", "--outputs"])  # fmt: skip
+    opts = ["--sampler-opt", "threshold=0.9", "--cache", "dual", "--cache-opt", "refresh_interval=4", "--json"]
+    args = parse_args(["parallelbench", "--model", "demo-llada", "--sampler", "threshold", *opts, "--outputs"])
     kw = decoding_kwargs(args)
     assert kw["sampler_options"] == {"threshold": 0.9} and isinstance(kw["sampler_options"]["threshold"], float)
     assert kw["cache_options"] == {"refresh_interval": 4} and isinstance(kw["cache_options"]["refresh_interval"], int)
