@@ -124,6 +124,22 @@ def test_tokenizer_ids_are_checked_against_the_model(tmp_path):
     assert model_facts(path).eos_ids == (1,)
 
 
+def test_a_tokenizer_with_an_eos_past_the_vocabulary_fails_before_weights(tmp_path):
+    from transformers import AutoTokenizer
+
+    path = tmp_path / "m"
+    path.mkdir()
+    demo = dlm_decode.demo_model_path("demo-llada")
+    (path / "config.json").write_text((demo / "config.json").read_text())
+    (path / "model.safetensors").write_bytes(GARBAGE)
+    tok = AutoTokenizer.from_pretrained(demo)
+    tok.add_special_tokens({"eos_token": "<|new_end|>"})  # the next id: 1332, one past demo-llada's vocabulary
+    tok.save_pretrained(path)
+    for read in (model_facts, load_model):
+        with pytest.raises(ValueError, match=r"tokenizer_config\.json: eos_token_id 1332 lies outside .*\[0, 1332\)"):
+            read(path)
+
+
 def test_the_one_helper_checks_any_family_config():
     """``check_special_ids`` is what every family's schema calls; a new family gets it by declaring vocab_size."""
     check_special_ids({"eos_token_id": [0, 9], "mask_token_id": None}, 10, "X")
