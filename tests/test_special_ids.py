@@ -83,8 +83,28 @@ def test_a_family_default_pad_outside_the_vocabulary_is_an_error(tmp_path):
     """LLaDA2's config class defaults pad_token_id to 126081: a config.json without one would index past a small
     embedding as soon as a batch needs left padding."""
     path = checkpoint(tmp_path / "m", "llada2", drop=("pad_token_id",))
-    with pytest.raises(ValueError, match=r"pad_token_id 126081 \(config\.json's, or the family's default"):
+    default = r"pad_token_id 126081 \(set in the config, or the family's default when config\.json sets none\)"
+    with pytest.raises(ValueError, match=default):
         model_facts(path)
+
+
+@pytest.mark.parametrize("family,default", [("llada", 126081), ("dream", 151643)])
+def test_a_family_default_eos_outside_the_vocabulary_is_an_error(tmp_path, family, default):
+    path = checkpoint(tmp_path / family, family, drop=("eos_token_id",))
+    with pytest.raises(ValueError, match=rf"eos_token_id {default} \(set in the config, or the family's default"):
+        model_facts(path)
+
+
+def test_llada_without_an_eos_decodes_to_the_gen_length_with_one_notice(llada_dir, tmp_path):
+    """``eos_token_id: null`` and no tokenizer: no id ends an answer; said once."""
+    import shutil
+
+    path = tmp_path / "m"
+    shutil.copytree(llada_dir, path)
+    cfg = json.loads((path / "config.json").read_text()) | {"eos_token_id": None}
+    (path / "config.json").write_text(json.dumps(cfg))
+    with pytest.warns(Notice, match="no usable EOS id.*decodes to the full gen length"):
+        assert model_facts(path).eos_ids == ()
 
 
 def test_llada2_without_a_usable_eos_decodes_to_the_gen_length_with_one_notice(tmp_path):
@@ -108,7 +128,7 @@ def test_an_id_set_on_a_loaded_models_config_is_checked_by_generate(llada):
     saved = model.config.eos_token_id
     model.config.eos_token_id = 4000
     try:
-        with pytest.raises(ValueError, match=r"eos_token_id 4000 lies outside the vocabulary \[0, 64\)"):
+        with pytest.raises(ValueError, match=r"config\.json: eos_token_id 4000 .*lies outside the vocabulary \[0, 64"):
             dlm_decode.generate(model, [[5, 6]], gen_length=8, block_length=8)
     finally:
         model.config.eos_token_id = saved

@@ -82,9 +82,9 @@ def check_model_ids(model: Any, where: str) -> None:
     unset = getattr(config, "mask_token_id", None) is None  # the family's fallback (LLaDA2's reference default)
     how = " (no mask_token_id is set, in config.json or by the tokenizer: the built-in fallback)" if unset else ""
     _outside("mask_token_id", mask, vocab, where, how)
-    pad = getattr(config, "pad_token_id", None)
-    _outside("pad_token_id", pad, vocab, where, " (config.json's, or the family's default when it sets none)")
-    _outside("eos_token_id", getattr(config, "eos_token_id", None), vocab, where)
+    default = " (set in the config, or the family's default when config.json sets none)"
+    _outside("pad_token_id", getattr(config, "pad_token_id", None), vocab, where, default)
+    _outside("eos_token_id", getattr(config, "eos_token_id", None), vocab, where, default)
     _outside("eos_token_id", list(model.eos_token_ids), vocab, where)  # with a family's extra or fallback EOS ids
 
 
