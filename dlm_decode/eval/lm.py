@@ -47,7 +47,7 @@ from dlm_decode.eval.options import (
     describe,
     parse_model_args,
 )
-from dlm_decode.models.loading import load_model, load_tokenizer, model_facts
+from dlm_decode.models.loading import check_device, load_model, load_tokenizer, model_facts
 from dlm_decode.samplers import get_sampler
 
 log = logging.getLogger(__name__)
@@ -124,7 +124,7 @@ class DLMDecodeLM(LM):
             target = self.accelerator.device
         else:
             target = opts.device or _harness_device(device)
-        self._model, self._target = None, target
+        self._model, self._target = None, str(check_device(target))  # a bad device fails here, not at a request
         if model is None:  # weights load at the first request, once its type is checked (``_loaded``)
             facts = model_facts(opts.pretrained)
             check_decoding(opts, facts)  # config.json against model_args, before the weights
@@ -257,6 +257,8 @@ class DLMDecodeLM(LM):
             tid = getattr(self.tokenizer, name, None)
             if isinstance(tid, int):
                 return tid
+        if not self.model.eos_token_ids:
+            raise ValueError("the tokenizer has no BOS or EOS id and the model no EOS id: nothing to put before a text")
         return self.model.eos_token_ids[0]
 
     def _encode_pair(self, context: str, continuation: str) -> tuple[list[int], list[int]]:
