@@ -173,3 +173,28 @@ def test_generate_with_prompts_that_are_not_a_list_says_what_prompts_may_be(llad
     with pytest.raises(ValueError, match=r"prompts must be a list with one entry per row .*token ids") as e:
         dlm_decode.generate(llada, bad, gen_length=8, block_length=8)
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("key,value", [("eos_token_id", 63), ("eos_token_id", [1, 63]), ("pad_token_id", 63)])
+def test_an_eos_or_pad_equal_to_the_mask_id_is_refused(tmp_path, family, key, value):
+    """MASK 63 as EOS: decoding never writes MASK, so no answer could end (it used to run silently to the cap)."""
+    path = checkpoint(tmp_path / family, family, mask_token_id=63, **{key: value})
+    with pytest.raises(ValueError, match=rf"config\.json: mask_token_id 63 is also the {key}; .* a token of its own"):
+        model_facts(path)
+
+
+@pytest.mark.parametrize(
+    "sampler,options,match",
+    [
+        ("early_commit", {"prefix_ids": (5, 999), "prefix_offset": 0}, r"prefix_ids \(5, 999\) holds 999, outside"),
+        ("early_commit", {"prefix_ids": (-1,), "prefix_offset": 0}, r"prefix_ids \(-1,\) holds -1, outside"),
+        ("early_commit", {"prefix_ids": (63,), "prefix_offset": 0}, r"prefix_ids \(63,\) holds the MASK id 63"),
+        ("adaptive_block", {"delimiter_ids": (64,)}, r"delimiter_ids \(64,\) holds 64, outside the vocabulary \[0, 64"),
+    ],
+)
+def test_sampler_options_holding_token_ids_are_checked_against_the_model(llada, sampler, options, match):
+    """Forced prefix tokens past the vocabulary used to be an IndexError inside the model; a MASK among them was
+    decoded over; a delimiter past the vocabulary never matched."""
+    with pytest.raises(ValueError, match=f"^{sampler}: {match}"):
+        dlm_decode.generate(llada, [[5, 6]], sampler=sampler, sampler_options=options, gen_length=8, block_length=8)

@@ -64,9 +64,25 @@ def check_special_ids(
     values: Mapping[str, Any], vocab_size: int, where: str, keys: Iterable[str] = SPECIAL_IDS
 ) -> None:
     """Raise ``ValueError`` naming ``where`` (the file) and the first of ``keys`` that ``values`` sets (an id or a list
-    of ids) outside ``[0, vocab_size)``. Unset or null keys pass."""
+    of ids) outside ``[0, vocab_size)``, or that is also the MASK id (``distinct_from_mask``). Unset or null keys
+    pass."""
     for key in keys:
         _outside(key, values.get(key), vocab_size, where)
+    distinct_from_mask(values, where)
+
+
+def distinct_from_mask(values: Mapping[str, Any], where: str) -> None:
+    """The MASK id (``values["mask_token_id"]``) must be no EOS, PAD or BOS id of ``values``: decoding never writes
+    MASK (an EOS equal to it could never end an answer) and a prompt or its padding may not hold it."""
+    mask = values.get("mask_token_id")
+    if not is_int(mask):
+        return
+    for key in SPECIAL_IDS[1:]:
+        if mask in as_ids(values.get(key)):
+            raise ValueError(
+                f"{where}: mask_token_id {mask} is also the {key}; the MASK id must be a token of its own "
+                "(decoding never writes it)"
+            )
 
 
 def vocabulary(model: Any) -> int:
@@ -86,6 +102,20 @@ def check_model_ids(model: Any, where: str) -> None:
     _outside("pad_token_id", getattr(config, "pad_token_id", None), vocab, where, default)
     _outside("eos_token_id", getattr(config, "eos_token_id", None), vocab, where, default)
     _outside("eos_token_id", list(model.eos_token_ids), vocab, where)  # with a family's extra or fallback EOS ids
+    used = {"eos_token_id": list(model.eos_token_ids), "pad_token_id": getattr(config, "pad_token_id", None)}
+    distinct_from_mask({"mask_token_id": mask, **used, "bos_token_id": getattr(config, "bos_token_id", None)}, where)
+
+
+def check_option_ids(owner: str, key: str, ids: Iterable[Any], vocab_size: int | None, mask_id: int | None) -> None:
+    """Token ids a sampler option holds (forced or looked-for tokens): integers inside ``[0, vocab_size)`` (``>= 0``
+    while the model is unknown) and never the MASK id, else ``ValueError`` naming ``owner`` and ``key``."""
+    ids = tuple(ids)
+    where = f"[0, {vocab_size})" if vocab_size is not None else "[0, ...)"
+    for i in ids:
+        if not is_int(i) or i < 0 or (vocab_size is not None and i >= vocab_size):
+            raise ValueError(f"{owner}: {key} {ids!r} holds {i!r}, outside the vocabulary {where}")
+    if mask_id is not None and mask_id in ids:
+        raise ValueError(f"{owner}: {key} {ids!r} holds the MASK id {mask_id}; a token option names real tokens")
 
 
 def no_eos_notice(where: str) -> None:

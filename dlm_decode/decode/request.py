@@ -26,6 +26,7 @@ from dlm_decode.cache import CachePolicy, get_cache
 from dlm_decode.core.config import DecodeConfig, resolve_lengths
 from dlm_decode.core.generation_config import fill_lengths
 from dlm_decode.core.inputs import ModelFacts, check_prompts
+from dlm_decode.core.special_ids import check_option_ids
 from dlm_decode.options import check_bounded
 from dlm_decode.samplers import Sampler, get_sampler
 
@@ -99,12 +100,24 @@ def with_model_lengths(
 
 
 def check_counts(
-    smp: Sampler, pol: CachePolicy, block: int, block_steps: int, gen_length: int, rows: list[list[int]] | None
+    smp: Sampler,
+    pol: CachePolicy,
+    block: int,
+    block_steps: int,
+    gen_length: int,
+    rows: list[list[int]] | None,
+    facts: ModelFacts | None,
 ) -> None:
     """Options that count tokens or steps of a block (or of the generation) against what they count
-    (``options.check_bounded``: an error naming the bound; the shipped defaults exempt)."""
+    (``options.check_bounded``: an error naming the bound; the shipped defaults exempt), and options holding token
+    ids against the model's vocabulary and MASK id."""
+    vocab, mask = (facts.vocab_size, facts.mask_id) if facts is not None else (None, None)
     prompt = min(map(len, rows)) if rows else None
     check_bounded(smp.name, smp, smp.count_bounds(block, block_steps, gen_length))
+    defaults = {f.name: f.default for f in dataclasses.fields(smp)}
+    for key, ids in smp.token_options().items():  # token ids an option holds (a shipped default: as it is)
+        if ids != defaults.get(key):
+            check_option_ids(smp.name, key, ids, vocab, mask)
     check_bounded(f"cache {pol.name!r}", pol, pol.count_bounds(block, block_steps, gen_length, prompt))
 
 
@@ -144,6 +157,7 @@ def check_request(
     smp.check_cache(pol)
     if rows is not None or facts is not None:
         check_prompts(rows, facts, cfg.gen_length)
-    check_counts(smp, pol, block, steps // num_blocks if smp.traits.fixed_budget else block, cfg.gen_length, rows)
+    block_steps = steps // num_blocks if smp.traits.fixed_budget else block
+    check_counts(smp, pol, block, block_steps, cfg.gen_length, rows, facts)
     smp, cfg = fill_defaults(smp, cfg, facts.sampling_defaults if facts is not None else {})
     return Request(cfg, smp, pol, block, num_blocks, steps)

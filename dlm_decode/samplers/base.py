@@ -127,6 +127,11 @@ class Sampler:
         most steps a block takes (a fixed budget's share, else one per slot). None by default."""
         return {}
 
+    def token_options(self) -> dict[str, tuple[int, ...]]:
+        """Options holding token ids the sampler writes or looks for: option -> ids, checked against the model's
+        vocabulary and MASK id by ``check_request`` (``core.special_ids.check_option_ids``). None by default."""
+        return {}
+
     def steps_per_block(self, state: DecodeState) -> int:
         return max(1, state.steps // state.num_blocks)
 
