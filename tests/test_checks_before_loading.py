@@ -229,3 +229,16 @@ def test_eval_cli_checks_model_args_against_the_shipped_tasks_request_types():
     check_before_running([*args, "pretrained=demo-llada"])  # no sampler or cache named: fine
     check_before_running(["--model", "dlm_decode", "--tasks", "parallelbench", "--model_args", "cache=dual"])
     check_before_running(["--model", "hf", "--tasks", "dlm_tiny_mc", "--model_args", "cache=dual"])  # not ours
+
+
+def test_lm_eval_plugin_checks_each_generation_tasks_lengths_before_weights(no_weights):
+    """Without gen_length in model_args each task decides it: the request's lengths and prompts are checked against
+    the options (a draft count past the block's steps) before the (garbage) weights are read."""
+    from dlm_decode.eval.lm import DLMDecodeLM
+
+    opts = dict(sampler="lossless", sampler_options={"drafts": 100}, block_length=8)
+    lm = DLMDecodeLM(pretrained=str(no_weights), device="cpu", progress=False, **opts)
+    request = _request("generate_until", ("w5 w6", {"until": ["w9"], "max_gen_toks": 16}))
+    with pytest.raises(ValueError, match=r"lossless: drafts \(100\) must be <= the steps of one block \(8\)") as e:
+        lm.generate_until([request])
+    assert WEIGHTS_ERROR not in str(e.value)

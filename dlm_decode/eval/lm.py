@@ -36,7 +36,7 @@ from tqdm.auto import tqdm
 from dlm_decode.cache import get_cache
 from dlm_decode.core.config import DEFAULT_BLOCK_LENGTH, resolve_lengths
 from dlm_decode.core.inputs import ModelFacts
-from dlm_decode.decode import generate
+from dlm_decode.decode import check_request, generate
 from dlm_decode.eval import likelihood
 from dlm_decode.eval.answers import answer_stats, append_jsonl, attach_stats, cut_answer
 from dlm_decode.eval.options import (
@@ -132,11 +132,12 @@ class DLMDecodeLM(LM):
             max_length, shift = facts.max_length, facts.logit_shift
         else:
             self._model = model.to(target).eval()
-            check_decoding(opts, ModelFacts.of_model(self._model))
+            facts = ModelFacts.of_model(self._model)
+            check_decoding(opts, facts)
             max_length, shift = model.max_sequence_length, getattr(model, "logit_shift", 0)
         if tokenizer is None:
             raise ValueError(f"{opts.pretrained or type(model).__name__}: no tokenizer (lm-eval works on text)")
-        self.tokenizer = tokenizer
+        self.tokenizer, self._facts = tokenizer, facts
         self._device = torch.device(target)
         self.max_length = min(opts.max_length or DEFAULT_MAX_LENGTH, max_length)
         self.ll_method = opts.ll_method
@@ -297,7 +298,7 @@ class DLMDecodeLM(LM):
     def generate_until(self, requests: list[Any], disable_tqdm: bool = False) -> list[str]:
         if not requests:
             return []
-        self._loaded("generate_until")
+        check_request_type(self.options, "generate_until")
         items = []
         ignored: set[str] = set()
         for i, req in enumerate(requests):
@@ -325,10 +326,14 @@ class DLMDecodeLM(LM):
             )
         out: list[str] = [""] * len(requests)
         records: list[dict[str, Any]] = [{}] * len(requests)  # in request order
-        bar = self._bar(len(requests), "generate_until", disable_tqdm)
         groups: dict[int, list[Any]] = {}
         for it in items:
             groups.setdefault(it[3], []).append(it)
+        for gen_length, group in groups.items():  # each task's lengths and prompts, before any weight is read
+            kw = dict(sampler=self.sampler, cache=self.cache, config=decode_config(self.options, gen_length))
+            check_request(self._facts, [it[1] for it in group], **kw)
+        self._loaded("generate_until")
+        bar = self._bar(len(requests), "generate_until", disable_tqdm)
         per_call = min(self.batch_size, self.options.max_batch)
         for gen_length, group in groups.items():
             group.sort(key=lambda it: -len(it[1]))  # longest first; stable, so ties keep request order
