@@ -34,6 +34,7 @@ from torch import nn
 from transformers import PretrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import MaskedLMOutput
 
+from dlm_decode.core.special_ids import usable_ids
 from dlm_decode.models.common import DiffusionLMMixin, RMSNorm, take_rows
 from dlm_decode.models.moe import Router, SparseMoE, SwiGLU
 from dlm_decode.models.schema import (
@@ -400,7 +401,7 @@ class LLaDA2MoeModelLM(DiffusionLMMixin, PreTrainedModel):
     def eos_token_ids(self) -> list[int]:
         ids = self.config.eos_token_id
         if ids is None:  # the reference default, where the vocabulary has it (else no EOS: ``no_eos_notice``)
-            return [REFERENCE_EOS_ID] if REFERENCE_EOS_ID < self.config.vocab_size else []
+            return usable_ids(REFERENCE_EOS_ID, self.config.vocab_size)
         return sorted(set([ids] if isinstance(ids, int) else ids))
 
     def adopt_tokenizer_ids(self, tokenizer: Any | None) -> None:
