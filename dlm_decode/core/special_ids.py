@@ -108,7 +108,8 @@ def check_model_ids(model: Any, where: str) -> None:
 
 def check_option_ids(owner: str, key: str, ids: Iterable[Any], vocab_size: int | None, mask_id: int | None) -> None:
     """Token ids a sampler option holds (forced or looked-for tokens): integers inside ``[0, vocab_size)`` (``>= 0``
-    while the model is unknown) and never the MASK id, else ``ValueError`` naming ``owner`` and ``key``."""
+    while the model is unknown) and, with ``mask_id`` (ids written into the canvas), never the MASK id, else
+    ``ValueError`` naming ``owner`` and ``key``."""
     ids = tuple(ids)
     where = f"[0, {vocab_size})" if vocab_size is not None else "[0, ...)"
     for i in ids:

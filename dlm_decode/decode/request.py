@@ -115,9 +115,9 @@ def check_counts(
     prompt = min(map(len, rows)) if rows else None
     check_bounded(smp.name, smp, smp.count_bounds(block, block_steps, gen_length))
     defaults = {f.name: f.default for f in dataclasses.fields(smp)}
-    for key, ids in smp.token_options().items():  # token ids an option holds (a shipped default: as it is)
+    for key, (ids, written) in smp.token_options().items():  # token ids an option holds (a shipped default: as is)
         if ids != defaults.get(key):
-            check_option_ids(smp.name, key, ids, vocab, mask)
+            check_option_ids(smp.name, key, ids, vocab, mask if written else None)
     check_bounded(f"cache {pol.name!r}", pol, pol.count_bounds(block, block_steps, gen_length, prompt))
 
 

@@ -127,9 +127,10 @@ class Sampler:
         most steps a block takes (a fixed budget's share, else one per slot). None by default."""
         return {}
 
-    def token_options(self) -> dict[str, tuple[int, ...]]:
-        """Options holding token ids the sampler writes or looks for: option -> ids, checked against the model's
-        vocabulary and MASK id by ``check_request`` (``core.special_ids.check_option_ids``). None by default."""
+    def token_options(self) -> dict[str, tuple[tuple[int, ...], bool]]:
+        """Options holding token ids the sampler writes or looks for: option -> (ids, whether they are written into the
+        canvas), checked against the model's vocabulary (and, written ones, its MASK id) by ``check_request``
+        (``core.special_ids.check_option_ids``). None by default."""
         return {}
 
     def steps_per_block(self, state: DecodeState) -> int:
