@@ -216,3 +216,20 @@ def test_the_shipped_generation_configs_raise_no_notice():
         warnings.simplefilter("error", Notice)
         for name in ("demo-llada", "demo-dream", "demo-llada2"):  # demo-llada2's file repeats config.json's ids
             model_facts(name)
+
+
+def test_a_generation_config_naming_one_of_several_eos_ids_in_use_is_quiet(llada_dir, tmp_path):
+    """config.json ends answers at [1, 5] (DiffuCoder-style extra EOS); the file names 1: true, so no notice."""
+    import warnings
+
+    from dlm_decode.core.special_ids import Notice
+
+    path = gen_config(llada_dir, tmp_path, {"eos_token_id": 1})
+    cfg = json.loads((path / "config.json").read_text()) | {"eos_token_id": [1, 5]}
+    (path / "config.json").write_text(json.dumps(cfg))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", Notice)
+        assert model_facts(path).eos_ids == (1, 5)
+    (path / "generation_config.json").write_text(json.dumps({"eos_token_id": [1, 7]}))
+    with pytest.warns(Notice, match=r"eos_token_id \[1, 7\] is not read from this file \(decoding uses \[1, 5\]"):
+        model_facts(path)

@@ -144,14 +144,15 @@ USED_FROM = {
 
 
 def ignored_generation_ids(values: Mapping[str, Any], used: Mapping[str, Any], where: str) -> list[str]:
-    """Notices for the MASK / EOS / PAD ids ``values`` (``generation_config.json``) sets that differ from the ``used``
-    ones (key -> the id or ids decoding uses): decoding reads them from ``USED_FROM``, never from this file. A BOS id
-    there is checked against the vocabulary only (decoding writes no BOS)."""
+    """Notices for the MASK / EOS / PAD ids ``values`` (``generation_config.json``) sets that are not among the
+    ``used`` ones (key -> the id or ids decoding uses; a file naming one of several EOS ids in use is fine): decoding
+    reads them from ``USED_FROM``, never from this file. A BOS id there is checked against the vocabulary only
+    (decoding writes no BOS)."""
     out = []
     for key in SPECIAL_IDS:
         value = values.get(key)
-        if value is None or key not in USED_FROM or sorted(as_ids(value)) == sorted(as_ids(used[key])):
-            continue
+        if value is None or key not in USED_FROM or set(as_ids(value)) <= set(as_ids(used[key])):
+            continue  # the file repeats (some of) the ids in use
         out.append(
             f"{where}: {key} {value!r} is not read from this file (decoding uses {used[key]!r}, from "
             f"{USED_FROM[key]}); to change it, set {key} in config.json"
