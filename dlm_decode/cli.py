@@ -12,13 +12,16 @@ import importlib
 import importlib.util
 import json
 import sys
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, NoReturn
 
 import dlm_decode
 from dlm_decode.cache import CACHES, get_cache
 from dlm_decode.core.generation_config import resolve_chat
 from dlm_decode.core.inputs import encode_prompts
+from dlm_decode.core.special_ids import Notice
 from dlm_decode.decode import check_request
 from dlm_decode.models.compiled import MODES
 from dlm_decode.models.loading import check_device, load_tokenizer, model_facts
@@ -182,11 +185,13 @@ def decoding_kwargs(args: argparse.Namespace) -> dict[str, Any]:
             overrides = {k: resolved[k] for k in ("gen_length", "block_length", "steps") if k in resolved}
     # unset: the checkpoint's (``check_request``), else DecodeConfig's 128; ParallelBench: each task's
     gen_length = args.gen_length if args.gen_length is not None else overrides.get("gen_length")
+    sampler = preset.sampler if preset else (args.sampler or "low_confidence")
+    cache_options = parse_kv(args.cache_opt)
     kw = dict(
-        sampler=preset.sampler if preset else (args.sampler or "low_confidence"),
-        sampler_options=options,
+        sampler=sampler,
+        sampler_options=typed(get_sampler(sampler, options), options),
         cache=args.cache,
-        cache_options=parse_kv(args.cache_opt),
+        cache_options=typed(get_cache(args.cache, cache_options), cache_options) if args.cache else cache_options,
         block_length=args.block_length if args.block_length is not None else overrides.get("block_length"),
         steps=args.steps if args.steps is not None else overrides.get("steps"),
         temperature=args.temperature if args.temperature is not None else sampling.get("temperature", 0.0),
@@ -199,6 +204,12 @@ def decoding_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     if gen_length is not None:
         kw["gen_length"] = gen_length
     return kw
+
+
+def typed(component: Any, options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` (``KEY=VALUE`` strings from the command line) with the values the sampler or cache took from them
+    (numbers as numbers, in JSON output too)."""
+    return {k: getattr(component, k) for k in options}
 
 
 def check_components(kw: dict[str, Any]) -> None:
@@ -255,6 +266,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         for i, r in enumerate(out.rows):
             shown = r.text if r.text is not None else " ".join(map(str, r.generated_ids))
+            if not shown.strip():  # say so, rather than print a blank line
+                shown = f"(empty answer: the text ends at once; generated_ids {r.generated_ids[:8]}...)"
             print(f"[{i}] nfe={r.nfe}{' ERROR ' + r.error if r.error else ''}\n{shown}")
         print(f"nfe={out.nfe} seconds={out.seconds:.3f}", file=sys.stderr)
     return 0
@@ -300,6 +313,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+@contextmanager
+def notices_as_lines(prog: str) -> Iterator[None]:
+    """Print ``core.special_ids.Notice`` warnings as one ``PROG: notice: ...`` line each (other warnings as usual)."""
+    shown = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):  # noqa: ANN001 (warnings' signature)
+        if issubclass(category, Notice):
+            print(f"{prog}: notice: {message}", file=sys.stderr)
+        else:
+            shown(message, category, filename, lineno, file, line)
+
+    warnings.showwarning = show
+    try:
+        yield
+    finally:
+        warnings.showwarning = shown
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
         args = parse_args(argv)
@@ -307,7 +338,8 @@ def main(argv: list[str] | None = None) -> int:
         print("dlm-decode: interrupted", file=sys.stderr)
         return 130
     try:
-        return int(args._run(args) or 0)
+        with notices_as_lines("dlm-decode"):
+            return int(args._run(args) or 0)
     except USER_ERRORS as e:
         print(f"dlm-decode {args.command}: error: {e}", file=sys.stderr)
         return 2

@@ -44,6 +44,19 @@ def check_count(owner: str, key: str, value: Any, *, optional: bool = False) -> 
         raise ValueError(f"{owner}: {key} must be an integer >= 1{either}, got {value!r}")
 
 
+def check_bounded(owner: str, obj: Any, bounds: Mapping[str, tuple[int, str]]) -> None:
+    """The one rule for options that count what a block (or the generation) holds: a value set larger than what it
+    counts is a ``ValueError`` naming the bound (``bounds``: option -> (bound, what the bound is)). The shipped
+    default is exempt: a reference default past a short block (``window_tokens`` 64 with a 32-token generation) means
+    all of them. Unset (None) options pass."""
+    defaults = {f.name: f.default for f in dataclasses.fields(obj)}
+    for key, (bound, what) in bounds.items():
+        value = getattr(obj, key)
+        if value is None or value == defaults.get(key) or not is_int(value) or value <= bound:
+            continue
+        raise ValueError(f"{owner}: {key} ({value}) must be <= {what} ({bound}), which bounds what it counts")
+
+
 def _coerce(value: Any, tp: Any, key: str, owner: str) -> Any:
     """Convert CLI strings to the field's annotated type; reject wrong types with the expected one."""
     origin = typing.get_origin(tp)

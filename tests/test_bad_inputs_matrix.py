@@ -389,7 +389,7 @@ PY_CASES = [
     ("147", lambda d, f: get_preset("nope"), ValueError, "unknown preset 'nope'"),
     ("148", lambda d, f: _gen(d, [[{"role": "wizard", "content": "hi"}]]), ValueError, "role 'wizard' is not one"),
     ("149", lambda d, f: _gen(d, [[{"role": "user"}]]), ValueError, "needs 'content' text, got no 'content'"),
-    ("150", lambda d, f: _gen(d, None), (ValueError, TypeError), ""),
+    ("150", lambda d, f: _gen(d, None), ValueError, "prompts must be a list with one entry per row"),  # issue 78
     ("151", lambda d, f: _gen(d, [[5, 6]], device="cuda"), ValueError, "unknown decoding option(s) device"),
 ]
 if not torch.cuda.is_available():

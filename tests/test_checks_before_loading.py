@@ -11,7 +11,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from checkpoints import MASK, write_tokenizer
+from checkpoints import EOS, MASK, write_tokenizer
 from conftest import SHARED_DATA
 
 import dlm_decode
@@ -89,7 +89,15 @@ def test_python_api_facts_come_from_config_json_alone(no_weights):
     from dlm_decode.models.loading import model_facts
 
     facts = model_facts(no_weights)  # the weights are garbage: reading them would fail
-    want = ModelFacts(vocab_size=64, mask_id=MASK, max_length=256, model_type="llada", checkpoint_dir=str(no_weights))
+    want = ModelFacts(
+        vocab_size=64,
+        mask_id=MASK,
+        max_length=256,
+        model_type="llada",
+        checkpoint_dir=str(no_weights),
+        eos_ids=(EOS,),
+        pad_id=EOS,
+    )
     assert facts == want
     ok = check_request(facts, [[5, 6]], gen_length=16, block_length=8)
     assert (ok.block_length, ok.num_blocks, ok.config.gen_length) == (8, 2, 16)
@@ -119,6 +127,60 @@ def test_lm_eval_plugin_checks_model_args_against_config_before_weights(no_weigh
     with pytest.raises(ValueError, match="model_args: gen_length 256 leaves no room for a prompt") as e:
         DLMDecodeLM(pretrained=str(no_weights), gen_length=256, block_length=32, device="cpu", progress=False)
     assert WEIGHTS_ERROR not in str(e.value)
+
+
+def _request(kind: str, args: tuple):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(request_type=kind, args=args)
+
+
+@pytest.mark.parametrize(
+    "model_args,refused",
+    [
+        (dict(cache="dual"), "cache=dual does"),
+        (dict(sampler="threshold"), "sampler=threshold does"),
+        (dict(cache="prefix", cache_options="refresh_interval:2"), "cache=prefix, cache_options=.* do"),
+    ],
+)
+@pytest.mark.parametrize("kind", ["loglikelihood", "loglikelihood_rolling"])
+def test_lm_eval_plugin_refuses_a_sampler_or_cache_for_likelihoods(no_weights, model_args, refused, kind):
+    """Likelihood requests run no sampler and no cache: naming one is refused at the first such request, before the
+    (garbage) weights are read; the model loads lazily, so constructing the plugin reads none either."""
+    from dlm_decode.eval.lm import DLMDecodeLM
+
+    lm = DLMDecodeLM(pretrained=str(no_weights), device="cpu", progress=False, **model_args)
+    args = ("w5 w6", " w7") if kind == "loglikelihood" else ("w5 w6 w7",)
+    with pytest.raises(ValueError, match=f"model_args: {refused}.* not apply to {kind} requests") as e:
+        getattr(lm, kind)([_request(kind, args)])
+    assert WEIGHTS_ERROR not in str(e.value) and "\n" not in str(e.value)
+    with pytest.raises(ValueError, match=WEIGHTS_ERROR):  # a generation request would now read the weights
+        lm.generate_until([_request("generate_until", ("w5 w6", {"until": ["w9"], "max_gen_toks": 8}))])
+
+
+def test_lm_eval_plugin_refuses_a_cache_for_the_model_family_before_weights(tmp_path):
+    """A cache with no rule for block-causal models, on a LLaDA2 checkpoint, with no gen_length in model_args (each
+    task decides it): refused while constructing, before the (garbage) weights are read."""
+    from llada2_reference import llada2_config
+
+    from dlm_decode.eval.lm import DLMDecodeLM
+
+    path = tmp_path / "llada2"
+    path.mkdir()
+    (path / "config.json").write_text(__import__("json").dumps(llada2_config()))
+    (path / "model.safetensors").write_bytes(b"garbage" * 8)
+    write_tokenizer(path)
+    for cache in ("dual", "dkv_decode", "elastic"):
+        with pytest.raises(ValueError, match=f"model_args: cache '{cache}' does not apply to the block-causal") as e:
+            DLMDecodeLM(pretrained=str(path), cache=cache, device="cpu", progress=False)
+        assert WEIGHTS_ERROR not in str(e.value)
+
+
+def test_eval_cli_refuses_a_cache_for_a_likelihood_task_with_one_line(no_weights, capsys):
+    pytest.importorskip("lm_eval")
+    argv = ["eval", "--tasks", "dlm_tiny_mc", "--model_args", f"pretrained={no_weights},cache=dual", "--limit", "1"]
+    line = cli_error(capsys, argv)
+    assert "cache=dual does not apply to loglikelihood requests" in line and WEIGHTS_ERROR not in line
 
 
 @needs_data
@@ -152,3 +214,31 @@ def test_run_benchmark_checks_every_prompt_before_any_forward(llada_dir, tmp_pat
     with pytest.raises(ValueError, match="waiting_line/copy: prompt 0 has .* maximum sequence length 256"):
         run_benchmark(model, tok, tasks, {"gen_length": 256, "block_length": 256})
     assert calls == []  # not even the warm-up ran
+
+
+def test_eval_cli_checks_model_args_against_the_shipped_tasks_request_types():
+    """A mixed task list: the likelihood task's refusal comes before lm-eval runs the generation task (and loads)."""
+    pytest.importorskip("lm_eval")
+    from dlm_decode.eval.cli import check_before_running, shipped_request_types
+
+    types = shipped_request_types()
+    assert types["dlm_tiny_mc"] == {"loglikelihood"} and types["parallelbench"] == {"generate_until"}
+    args = ["--model", "dlm_decode", "--tasks", "parallelbench_waiting_line_copy,dlm_tiny_mc", "--model_args"]
+    with pytest.raises(ValueError, match="model_args: sampler=threshold does not apply to loglikelihood requests"):
+        check_before_running([*args, "pretrained=demo-llada,sampler=threshold"])
+    check_before_running([*args, "pretrained=demo-llada"])  # no sampler or cache named: fine
+    check_before_running(["--model", "dlm_decode", "--tasks", "parallelbench", "--model_args", "cache=dual"])
+    check_before_running(["--model", "hf", "--tasks", "dlm_tiny_mc", "--model_args", "cache=dual"])  # not ours
+
+
+def test_lm_eval_plugin_checks_each_generation_tasks_lengths_before_weights(no_weights):
+    """Without gen_length in model_args each task decides it: the request's lengths and prompts are checked against
+    the options (a draft count past the block's steps) before the (garbage) weights are read."""
+    from dlm_decode.eval.lm import DLMDecodeLM
+
+    opts = dict(sampler="lossless", sampler_options={"drafts": 100}, block_length=8)
+    lm = DLMDecodeLM(pretrained=str(no_weights), device="cpu", progress=False, **opts)
+    request = _request("generate_until", ("w5 w6", {"until": ["w9"], "max_gen_toks": 16}))
+    with pytest.raises(ValueError, match=r"lossless: drafts \(100\) must be <= the steps of one block \(8\)") as e:
+        lm.generate_until([request])
+    assert WEIGHTS_ERROR not in str(e.value)

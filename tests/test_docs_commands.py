@@ -142,6 +142,12 @@ EXPECT = {  # block (file, text it contains) -> what its stdout must contain
     ("docs/samplers.md", 'generate demo-llada --chat "$COPY"'): "Mary Johnson",
     ("README.md", "eng = Engine(model, tok, max_batch=4)"): '["Mary Johnson", "David Smith", "Lisa Brown"]',
     ("README.md", "dlm-decode serve demo-llada2"): '"object":"chat.completion"',
+    # the lossless examples say what they print: the copy without a cache, entropy's dual-cache output with one
+    ("docs/samplers.md", "rule=entropy\n"): '["Mary Johnson", "David Smith", "Lisa Brown"]',
+    ("docs/samplers.md", "rule=entropy --cache dual"): '["Mary Harrison", "David Smith", "Lisa Brown"]',
+    ("README.md", "--input-ids 5,6,7 --preset fast_dllm_threshold"): "(empty answer: the text ends at once",
+    ("README.md", '"$COPY" --preset llada2 --cache none --json'): 'Mary Johnson\\", \\"David Smith',
+    ("docs/block_diffusion.md", '"$COPY" --preset llada21'): 'Mary Johnson\\", \\"David Smith',
 }
 
 NEEDS_DATA = re.compile(

@@ -149,3 +149,87 @@ def test_a_config_leaving_lengths_unset_takes_the_checkpoint_lengths_without_a_c
     req = check_request(facts, config=DecodeConfig(gen_length=64))
     assert req.block_length == facts.generation.block_length != DecodeConfig.block_length
     assert check_request(facts, config=DecodeConfig(gen_length=64, block_length=8)).block_length == 8
+
+
+# ---- special ids and look-alike keys (issue 78): checked like config.json, never silently ignored
+
+
+def gen_config(llada_dir, tmp_path, data: dict):
+    path = tmp_path / "ids"
+    shutil.copytree(llada_dir, path)
+    (path / "generation_config.json").write_text(json.dumps(data))
+    return path
+
+
+@pytest.mark.parametrize(
+    "data,match",
+    [
+        ({"mask_token_id": 5000}, r"generation_config\.json: mask_token_id 5000 lies outside the vocabulary \[0, 64\)"),
+        ({"eos_token_id": [1, 64]}, r"generation_config\.json: eos_token_id \[1, 64\] \(id 64\) lies outside"),
+        ({"pad_token_id": 99999}, r"generation_config\.json: pad_token_id 99999 lies outside"),
+        ({"bos_token_id": 70}, r"generation_config\.json: bos_token_id 70 lies outside"),
+        ({"mask_token_id": "x"}, r"generation_config\.json: mask_token_id must be a token id >= 0"),
+        ({"eos_token_id": -1}, r"generation_config\.json: eos_token_id must be a token id >= 0"),
+    ],
+)
+def test_an_id_in_generation_config_is_checked_like_config_json(llada_dir, tmp_path, capsys, data, match):
+    path = gen_config(llada_dir, tmp_path, data)
+    with pytest.raises(ValueError, match=match):
+        model_facts(path)
+    assert main(["generate", str(path), "--input-ids", "5,6", "--gen-length", "8", "--block-length", "8"]) == 2
+    assert "generation_config.json" in capsys.readouterr().err
+
+
+def test_an_id_generation_config_sets_but_decoding_does_not_use_gets_one_notice(llada_dir, tmp_path):
+    from dlm_decode.core.special_ids import Notice
+
+    path = gen_config(llada_dir, tmp_path, {"mask_token_id": 7, "eos_token_id": 1, "pad_token_id": 1})
+    with pytest.warns(Notice) as seen:
+        facts = model_facts(path)
+    (only,) = [str(w.message) for w in seen if w.category is Notice]  # the EOS and PAD agree with config.json
+    assert "mask_token_id 7 is not read from this file (decoding uses 63" in only
+    assert "set mask_token_id in config.json" in only and facts.mask_id == 63
+
+
+def test_keys_that_look_like_ours_get_a_notice_naming_ours(llada_dir, tmp_path):
+    from dlm_decode.core.special_ids import Notice
+
+    data = {"gen_len": 64, "block_size": 8, "gen_lenght": 8, "temperature": 0.5, "max_new_tokens": 9}
+    path = gen_config(llada_dir, tmp_path, data)
+    with pytest.warns(Notice) as seen:
+        got = read_generation_defaults(path)
+    said = sorted(str(w.message).split(": ", 1)[1] for w in seen if w.category is Notice)
+    assert said == [
+        "key 'block_size' is not read (ignored); the block_length goes in key 'block_length'",
+        "key 'gen_len' is not read (ignored); the gen_length goes in key 'gen_length'",
+        "key 'gen_lenght' is not read (ignored); the gen_length goes in key 'gen_length'",
+    ]  # transformers' own keys (temperature, max_new_tokens) are left alone
+    assert got == GenerationDefaults()
+
+
+def test_the_shipped_generation_configs_raise_no_notice():
+    import warnings
+
+    from dlm_decode.core.special_ids import Notice
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", Notice)
+        for name in ("demo-llada", "demo-dream", "demo-llada2"):  # demo-llada2's file repeats config.json's ids
+            model_facts(name)
+
+
+def test_a_generation_config_naming_one_of_several_eos_ids_in_use_is_quiet(llada_dir, tmp_path):
+    """config.json ends answers at [1, 5] (DiffuCoder-style extra EOS); the file names 1: true, so no notice."""
+    import warnings
+
+    from dlm_decode.core.special_ids import Notice
+
+    path = gen_config(llada_dir, tmp_path, {"eos_token_id": 1})
+    cfg = json.loads((path / "config.json").read_text()) | {"eos_token_id": [1, 5]}
+    (path / "config.json").write_text(json.dumps(cfg))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", Notice)
+        assert model_facts(path).eos_ids == (1, 5)
+    (path / "generation_config.json").write_text(json.dumps({"eos_token_id": [1, 7]}))
+    with pytest.warns(Notice, match=r"eos_token_id \[1, 7\] is not read from this file \(decoding uses \[1, 5\]"):
+        model_facts(path)

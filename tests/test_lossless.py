@@ -41,6 +41,12 @@ def _assert_lossless(static, fast, drafts):
 @pytest.mark.parametrize("drafts", [1, 2, 3, 5])
 @pytest.mark.parametrize("block_length", [4, 8, 16])
 def test_llada_identity(llada, drafts, block_length):
+    if drafts > block_length:  # more static steps than a block has (gen 16, steps 16): refused, naming the bound
+        with pytest.raises(
+            ValueError, match=rf"drafts \({drafts}\) must be <= the steps of one block \({block_length}\)"
+        ):
+            _pair(llada, "low_confidence", PROMPTS, drafts, gen_length=16, block_length=block_length)
+        return
     for prompts in (PROMPTS, PROMPTS[:1], PROMPTS[1:2]):
         static, fast = _pair(llada, "low_confidence", prompts, drafts, gen_length=16, block_length=block_length)
         _assert_lossless(static, fast, drafts)

@@ -34,6 +34,9 @@ class StepPlan:
     layers: Any = None
 
 
+STEP_COUNTS = ("refresh_interval", "prompt_refresh_interval")  # options counting steps of a block
+
+
 @dataclass(frozen=True)
 class CachePolicy:
     name: ClassVar[str] = "base"
@@ -50,6 +53,14 @@ class CachePolicy:
                 "block's keys and values never change there, so its cache is exact; use --cache prefix (the "
                 "default for these models: finished blocks cached exactly, no extra forward) or none"
             )
+
+    def count_bounds(
+        self, block: int, block_steps: int, gen_length: int, prompt: int | None
+    ) -> dict[str, tuple[int, str]]:
+        """Options that count tokens or steps: option -> (bound, what it is), checked by ``options.check_bounded``
+        (``Sampler.count_bounds``; ``prompt``: the shortest prompt, None when not known yet). By default each refresh
+        interval (``STEP_COUNTS``, steps of a block) is bounded by the steps a block takes."""
+        return {k: (block_steps, "the steps of one block") for k in STEP_COUNTS if hasattr(self, k)}
 
     def begin_block(self, state: DecodeState) -> None:
         """Called at each block start (after the sampler's ``begin_block``)."""

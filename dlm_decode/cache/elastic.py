@@ -67,6 +67,12 @@ class ElasticCache(CachePolicy):
         if not isinstance(self.block_caching, bool):
             raise ValueError(f"{owner}: block_caching must be true or false, got {self.block_caching!r}")
 
+    def count_bounds(self, block, block_steps, gen_length, prompt) -> dict[str, tuple[int, str]]:
+        out = {"window_length": (gen_length, "the gen length")}  # the first masks of the generation queried per step
+        if prompt is not None:  # tracked among the tokens decoded at the first step: the prompt's
+            out["track_num"] = (prompt, "the shortest prompt's length")
+        return out
+
     def _memory(self, state: DecodeState) -> dict[str, Any]:
         mem = state.scratch.get(f"cache/{self.name}")
         if mem is None:

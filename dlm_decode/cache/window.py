@@ -82,6 +82,13 @@ class WindowCache(CachePolicy):
         if self.keys not in KEY_READS:
             raise ValueError(f"cache {self.name!r}: keys must be one of {', '.join(KEY_READS)}, got {self.keys!r}")
 
+    def count_bounds(self, block, block_steps, gen_length, prompt) -> dict[str, tuple[int, str]]:
+        return {  # masks of the generation; steps of a block
+            "window_tokens": (gen_length, "the gen length"),
+            "active_tokens": (gen_length, "the gen length"),
+            "refresh_cycle": (block_steps, "the steps of one block"),
+        }
+
     def _memory(self, state: DecodeState) -> dict[str, Any]:
         mem = state.scratch.get(f"cache/{self.name}")
         if mem is None:  # one set of [B, T] buffers per call, reused in place

@@ -5,26 +5,44 @@
 The keys (all optional, positive integers): ``gen_length`` (generation slots after the prompt), ``block_length`` and
 ``steps`` (the total step budget of fixed-budget samplers), and ``chat`` (true or false: whether a plain text prompt is
 wrapped as one user turn of the chat template when the caller does not say; for models trained on chat prompts
-only, such as the shipped demo models). Any other key of the file (transformers' ``bos_token_id``,
-...) is left alone. ``read_generation_defaults`` is the one reader; ``fill_lengths`` the one rule for using them
-(``decode.request.check_request`` applies it, so ``generate``, the CLI and the ParallelBench runner get the same; the
-lm-eval plugin sets every length itself): a length the caller gives always wins; an unset gen length takes the
-checkpoint's, and with it its steps; an unset block length takes the checkpoint's, clipped to the gen length (for
+only, such as the shipped demo models). The special ids transformers keeps there (``mask_token_id``,
+``eos_token_id``, ``pad_token_id``, ``bos_token_id``) are not read for decoding (the ids come from ``config.json``):
+they are checked against the vocabulary, and one that differs from the id decoding uses gets one notice naming where
+the value must go (``core.special_ids``, applied by ``ModelFacts.in_checkpoint``). A key that looks like one of ours
+but is not (``gen_len``, ``block_size``, ...) gets one notice naming the key we read; any other key (transformers'
+``temperature``, ...) is left alone. ``read_generation_defaults`` is the one reader; ``fill_lengths`` the one rule for
+using them (``decode.request.check_request`` applies it, so ``generate``, the CLI and the ParallelBench runner get the
+same; the lm-eval plugin sets every length itself): a length the caller gives always wins; an unset gen length takes
+the checkpoint's, and with it its steps; an unset block length takes the checkpoint's, clipped to the gen length (for
 blockwise samplers: the Dream orderings decode in one block, as their reference).
 A checkpoint without the file (or without a key) keeps the usual defaults (``DecodeConfig``, ``resolve_lengths``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import difflib
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from dlm_decode.core.config import DecodeConfig
 from dlm_decode.core.files import read_json_object
+from dlm_decode.core.special_ids import SPECIAL_IDS, notice
 from dlm_decode.options import is_int
 
 GENERATION_CONFIG = "generation_config.json"
 KEYS = ("gen_length", "block_length", "steps")
+# names other diffusion-LM code uses for our keys (a near miss of ours is caught by spelling as well)
+ALIASES = {
+    "gen_len": "gen_length",
+    "generation_length": "gen_length",
+    "block_size": "block_length",
+    "block_len": "block_length",
+    "num_steps": "steps",
+    "diffusion_steps": "steps",
+    "sampling_steps": "steps",
+    "apply_chat_template": "chat",
+}
 
 
 @dataclass(frozen=True)
@@ -35,6 +53,8 @@ class GenerationDefaults:
     block_length: int | None = None
     steps: int | None = None
     chat: bool | None = None  # text prompts as chat turns by default (None: the file does not say)
+    # the special ids the file sets (checked against the model in ``ModelFacts.in_checkpoint``, never used)
+    ids: dict[str, Any] = field(default_factory=dict, compare=False)
 
 
 def read_generation_defaults(checkpoint_dir: str | Path | None) -> GenerationDefaults:
@@ -56,7 +76,30 @@ def read_generation_defaults(checkpoint_dir: str | Path | None) -> GenerationDef
     gen, block = values["gen_length"], values["block_length"]
     if gen is not None and block is not None and (block > gen or gen % block):
         raise ValueError(f"{path}: gen_length ({gen}) must be a multiple of block_length ({block})")
-    return GenerationDefaults(**values, chat=chat)
+    ids = {k: data[k] for k in SPECIAL_IDS if data.get(k) is not None}
+    for k, v in ids.items():  # the vocabulary is checked by ModelFacts.in_checkpoint
+        if not (is_int(v) or (isinstance(v, list) and all(map(is_int, v)))) or any(x < 0 for x in _listed(v)):
+            raise ValueError(f"{path}: {k} must be a token id >= 0 (or a list of them), got {v!r}")
+    for message in lookalikes(data, path):
+        notice(message)
+    return GenerationDefaults(**values, chat=chat, ids=ids)
+
+
+def _listed(v: Any) -> list[Any]:
+    return v if isinstance(v, list) else [v]
+
+
+def lookalikes(data: dict[str, Any], path: Path) -> list[str]:
+    """One notice per key of ``data`` that is not read but looks like one that is (``ALIASES``, or a near miss)."""
+    ours = (*KEYS, "chat")
+    out = []
+    for key in data:
+        if key in ours or key in SPECIAL_IDS:
+            continue
+        meant = ALIASES.get(key) or next(iter(difflib.get_close_matches(key, ours, n=1, cutoff=0.8)), None)
+        if meant is not None:
+            out.append(f"{path}: key {key!r} is not read (ignored); the {meant} goes in key {meant!r}")
+    return out
 
 
 def fill_lengths(

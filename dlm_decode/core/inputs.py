@@ -12,9 +12,14 @@ from typing import Any
 import torch
 
 from dlm_decode.core.generation_config import GenerationDefaults, read_generation_defaults
+from dlm_decode.core.special_ids import check_model_ids, check_special_ids, ignored_generation_ids, notice
 from dlm_decode.options import is_int
 
 Prompt = str | Sequence[int] | Sequence[dict[str, str]]
+PROMPTS_ARE = (
+    "prompts must be a list with one entry per row (each a text, a chat: a list of role/content messages, or a list "
+    "of token ids), or a [B, P] tensor of token ids"
+)
 
 
 @dataclass(frozen=True)
@@ -35,27 +40,46 @@ class ModelFacts:
     # block-causal attention (LLaDA2): decoded block by block on the absolute position grid, exact K/V of finished
     # blocks (``models.common.DiffusionLMMixin.block_causal``)
     block_causal: bool = False
+    # the ids that end an answer (``model.eos_token_ids``: config.json's, inside the vocabulary) and the PAD id
+    eos_ids: tuple[int, ...] = ()
+    pad_id: int | None = None
+    logit_shift: int = 0  # 1: hidden i-1 predicts slot i (Dream), 0: hidden i predicts slot i
 
     @classmethod
     def of_model(cls, model: Any) -> ModelFacts:
-        """The facts of a model (a loaded one, or one built on the meta device from ``config.json`` alone)."""
+        """The facts of a model (a loaded one, or one built on the meta device from ``config.json`` alone); its
+        special ids, fallbacks included, are checked against its vocabulary (``core.special_ids``)."""
+        where = _checkpoint_dir(model)
+        check_model_ids(model, f"{where}/config.json" if where else f"{type(model).__name__} config")
+        pad = getattr(model.config, "pad_token_id", None)
         return cls.in_checkpoint(
             cls(
                 vocab_size=int(model.get_input_embeddings().weight.shape[0]),
                 mask_id=int(model.mask_token_id),
+                eos_ids=tuple(int(i) for i in model.eos_token_ids),
+                pad_id=int(pad) if is_int(pad) else None,
+                logit_shift=int(getattr(model, "logit_shift", 0)),
                 max_length=int(model.max_sequence_length),
                 model_type=str(getattr(model.config, "model_type", type(model).__name__)),
                 sampling_defaults=dict(getattr(model, "sampling_defaults", {}) or {}),
                 block_causal=bool(getattr(model, "block_causal", False)),
             ),
-            _checkpoint_dir(model),
+            where,
         )
 
     def in_checkpoint(self, checkpoint_dir: str | Path | None) -> ModelFacts:
         """These facts for a model whose files are in ``checkpoint_dir`` (None: unknown), with the decoding
-        defaults of its ``generation_config.json``."""
+        defaults of its ``generation_config.json``; the special ids that file sets are checked against the vocabulary
+        and noticed when they differ from the ids decoding uses (the file's ids are never read)."""
         path = None if checkpoint_dir is None else str(checkpoint_dir)
-        return dataclasses.replace(self, checkpoint_dir=path, generation=read_generation_defaults(path))
+        generation = read_generation_defaults(path)
+        if generation.ids:
+            where = str(Path(str(path)) / "generation_config.json")
+            check_special_ids(generation.ids, self.vocab_size, where)
+            used = {"mask_token_id": self.mask_id, "eos_token_id": list(self.eos_ids), "pad_token_id": self.pad_id}
+            for message in ignored_generation_ids(generation.ids, used, where):
+                notice(message)
+        return dataclasses.replace(self, checkpoint_dir=path, generation=generation)
 
 
 def _checkpoint_dir(model: Any) -> str | None:
@@ -72,8 +96,13 @@ def encode_prompts(prompts: Sequence[Prompt] | torch.Tensor, tokenizer: Any | No
             raise ValueError(f"input_ids tensor must be [B, P], got shape {tuple(prompts.shape)}")
         _check_id_dtype(prompts, "input_ids tensor")
         return [list(map(int, row)) for row in prompts.tolist()]
-    if isinstance(prompts, str | dict):
-        raise ValueError("prompts must be a list (one entry per row), not a single string or message")
+    if isinstance(prompts, str | dict | bytes) or not isinstance(prompts, Sequence):
+        if isinstance(prompts, str | dict):
+            raise ValueError(f"{PROMPTS_ARE}, not a single string or message (wrap one prompt in a list)")
+        raise ValueError(f"{PROMPTS_ARE}; got {type(prompts).__name__}")
+    if prompts and all(is_int(p) for p in prompts):
+        one_row = "one row of token ids goes in a list: [[5, 6, 7]]"
+        raise ValueError(f"prompt 0 is an int, not a row: {PROMPTS_ARE} ({one_row})")
     out: list[list[int]] = []
     for i, p in enumerate(prompts):
         if isinstance(p, str) or (isinstance(p, Sequence) and p and isinstance(p[0], dict)):

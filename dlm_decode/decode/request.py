@@ -7,7 +7,8 @@ before any weights are read).
 ``check_request`` resolves the sampler and cache (names and options), builds the ``DecodeConfig`` (gen / block length,
 steps, temperature, top-p / top-k, ...; lengths the caller leaves unset come from the checkpoint's
 ``generation_config.json`` when it sets them, ``with_model_lengths``), lays out the blocks
-(``core.config.resolve_lengths``), runs the sampler's and the cache's own checks, checks the prompt rows against what
+(``core.config.resolve_lengths``), runs the sampler's and the cache's own checks (options that count tokens or steps
+of a block against the block: ``check_counts``), checks the prompt rows against what
 ``config.json`` decides (the vocabulary, the MASK id and the maximum sequence length) and fills the options the caller
 left unset with the sampler's reference defaults (``fill_defaults``).
 Each failure is a ``ValueError`` naming the option and what is allowed.
@@ -25,6 +26,8 @@ from dlm_decode.cache import CachePolicy, get_cache
 from dlm_decode.core.config import DecodeConfig, resolve_lengths
 from dlm_decode.core.generation_config import fill_lengths
 from dlm_decode.core.inputs import ModelFacts, check_prompts
+from dlm_decode.core.special_ids import check_option_ids
+from dlm_decode.options import check_bounded
 from dlm_decode.samplers import Sampler, get_sampler
 
 
@@ -96,6 +99,28 @@ def with_model_lengths(
     return fill_lengths(facts.generation, **lengths, blockwise=sampler.traits.blockwise)
 
 
+def check_counts(
+    smp: Sampler,
+    pol: CachePolicy,
+    block: int,
+    block_steps: int,
+    gen_length: int,
+    rows: list[list[int]] | None,
+    facts: ModelFacts | None,
+) -> None:
+    """Options that count tokens or steps of a block (or of the generation) against what they count
+    (``options.check_bounded``: an error naming the bound; the shipped defaults exempt), and options holding token
+    ids against the model's vocabulary and MASK id."""
+    vocab, mask = (facts.vocab_size, facts.mask_id) if facts is not None else (None, None)
+    prompt = min(map(len, rows)) if rows else None
+    check_bounded(smp.name, smp, smp.count_bounds(block, block_steps, gen_length))
+    defaults = {f.name: f.default for f in dataclasses.fields(smp)}
+    for key, (ids, written) in smp.token_options().items():  # token ids an option holds (a shipped default: as is)
+        if ids != defaults.get(key):
+            check_option_ids(smp.name, key, ids, vocab, mask if written else None)
+    check_bounded(f"cache {pol.name!r}", pol, pol.count_bounds(block, block_steps, gen_length, prompt))
+
+
 def check_request(
     facts: ModelFacts | None,
     rows: list[list[int]] | None = None,
@@ -132,5 +157,7 @@ def check_request(
     smp.check_cache(pol)
     if rows is not None or facts is not None:
         check_prompts(rows, facts, cfg.gen_length)
+    block_steps = steps // num_blocks if smp.traits.fixed_budget else block
+    check_counts(smp, pol, block, block_steps, cfg.gen_length, rows, facts)
     smp, cfg = fill_defaults(smp, cfg, facts.sampling_defaults if facts is not None else {})
     return Request(cfg, smp, pol, block, num_blocks, steps)

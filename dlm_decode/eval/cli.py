@@ -8,7 +8,9 @@ Everything after ``eval`` goes to lm-eval 0.4.13's CLI unchanged, except for def
 ``run``, the implicit default subcommand): ``--model dlm_decode`` (unless a ``--config`` file is given);
 ``--include_path`` = the shipped task folder (lm-eval takes one such path: give your own and the shipped tasks are
 not indexed); and, with ``--output_path`` and the ``dlm_decode`` model, ``stats_path`` = per-request decoding
-statistics as JSONL next to the results.
+statistics as JSONL next to the results. Before lm-eval starts, the ``dlm_decode`` model's ``--model_args`` are checked
+against the request types of the shipped ``--tasks`` (``check_before_running``: a sampler or cache named for a
+likelihood task is refused with one line).
 """
 
 from __future__ import annotations
@@ -75,14 +77,74 @@ def run(args: argparse.Namespace) -> int:
     return main(args.lm_eval_args)
 
 
+LIKELIHOOD_TYPES = {"multiple_choice": "loglikelihood", "loglikelihood": "loglikelihood"}
+LIKELIHOOD_TYPES["loglikelihood_rolling"] = "loglikelihood_rolling"
+
+
+def shipped_request_types() -> dict[str, set[str]]:
+    """Task or group name of the shipped tasks -> the lm-eval request types it sends (read from the YAML files alone,
+    following ``include`` and group members: no task, dataset or model is loaded)."""
+    import yaml
+
+    from dlm_decode.eval.tasks import TASKS_DIR
+
+    class Loader(yaml.SafeLoader):  # lm-eval's ``!function`` tags name code: their values do not matter here
+        pass
+
+    Loader.add_multi_constructor("!", lambda loader, suffix, node: None)
+
+    def read(path: Path) -> dict:
+        cfg = yaml.load(path.read_text(encoding="utf-8"), Loader=Loader) or {}
+        base = cfg.get("include")
+        return (read(path.parent / base) if isinstance(base, str) else {}) | cfg
+
+    tasks, groups = {}, {}
+    for path in TASKS_DIR.rglob("*.yaml"):
+        cfg = read(path)
+        if isinstance(cfg.get("group"), str):
+            groups[cfg["group"]] = [t for t in cfg.get("task") or [] if isinstance(t, str)]
+        elif isinstance(cfg.get("task"), str):
+            tasks[cfg["task"]] = {LIKELIHOOD_TYPES.get(cfg.get("output_type", ""), "generate_until")}
+
+    def types(name: str, seen: frozenset = frozenset()) -> set[str]:
+        if name in tasks:
+            return tasks[name]
+        return set().union(*(types(t, seen | {name}) for t in groups.get(name, []) if t not in seen))
+
+    return {name: types(name) for name in [*tasks, *groups]}
+
+
+def check_before_running(args: list[str]) -> None:
+    """The ``dlm_decode`` model's ``--model_args`` against the request types of the shipped ``--tasks``, before
+    lm-eval loads anything (the plugin checks each request type again, for tasks from elsewhere)."""
+    from lm_eval.utils import simple_parse_args_string
+
+    from dlm_decode.eval.options import check_request_type, parse_model_args
+
+    model, tasks = _value(args, "--model", "-M"), _value(args, "--tasks", "-t")
+    if model != "dlm_decode" or not tasks:
+        return
+    model_args: dict = {}
+    for i, a in enumerate(args):  # every --model_args given (ours may add stats_path)
+        if a in ("--model_args", "-a") and i + 1 < len(args):
+            model_args |= simple_parse_args_string(args[i + 1])
+    opts = parse_model_args(model_args)
+    known = shipped_request_types()
+    for request_type in sorted(set().union(*(known.get(t.strip(), set()) for t in tasks.split(",")))):
+        check_request_type(opts, request_type)
+
+
 def main(argv: list[str] | None = None) -> int:
     from lm_eval.__main__ import cli_evaluate
 
     import dlm_decode.eval  # noqa: F401  (registers the dlm_decode model with lm-eval)
 
     argv = sys.argv[1:] if argv is None else list(argv)
+    full = lm_eval_argv(argv)
+    if full and full[0] == "run":
+        check_before_running(full[1:])
     saved = sys.argv
-    sys.argv = ["dlm-decode eval", *lm_eval_argv(argv)]  # lm-eval's CLI reads sys.argv itself
+    sys.argv = ["dlm-decode eval", *full]  # lm-eval's CLI reads sys.argv itself
     try:
         cli_evaluate()
     finally:

@@ -37,11 +37,20 @@ from tqdm.auto import tqdm
 
 from dlm_decode.cache import get_cache
 from dlm_decode.core.config import DEFAULT_BLOCK_LENGTH, resolve_lengths
+from dlm_decode.core.inputs import ModelFacts
+from dlm_decode.decode import check_request
 from dlm_decode.engine import Engine
 from dlm_decode.eval import likelihood
 from dlm_decode.eval.answers import answer_stats, append_jsonl, attach_stats, cut_answer
-from dlm_decode.eval.options import EvalOptions, check_decoding, decode_config, describe, parse_model_args
-from dlm_decode.models.loading import load_model, model_facts
+from dlm_decode.eval.options import (
+    EvalOptions,
+    check_decoding,
+    check_request_type,
+    decode_config,
+    describe,
+    parse_model_args,
+)
+from dlm_decode.models.loading import check_device, load_model, load_tokenizer, model_facts
 from dlm_decode.samplers import get_sampler
 
 log = logging.getLogger(__name__)
@@ -118,22 +127,41 @@ class DLMDecodeLM(LM):
             target = self.accelerator.device
         else:
             target = opts.device or _harness_device(device)
-        if model is None:
-            check_decoding(opts, model_facts(opts.pretrained))  # config.json against model_args, before the weights
-            model, loaded_tok = load_model(opts.pretrained, dtype=opts.dtype, device=target)
-            tokenizer = tokenizer if tokenizer is not None else loaded_tok
+        self._model, self._target = None, str(check_device(target))  # a bad device fails here, not at a request
+        if model is None:  # weights load at the first request, once its type is checked (``_loaded``)
+            facts = model_facts(opts.pretrained)
+            check_decoding(opts, facts)  # config.json against model_args, before the weights
+            tokenizer = tokenizer if tokenizer is not None else load_tokenizer(opts.pretrained)
+            max_length, shift = facts.max_length, facts.logit_shift
         else:
-            model = model.to(target)
+            self._model = model.to(target).eval()
+            facts = ModelFacts.of_model(self._model)
+            check_decoding(opts, facts)
+            max_length, shift = model.max_sequence_length, getattr(model, "logit_shift", 0)
         if tokenizer is None:
             raise ValueError(f"{opts.pretrained or type(model).__name__}: no tokenizer (lm-eval works on text)")
-        self.model, self.tokenizer = model.eval(), tokenizer
+        self.tokenizer, self._facts = tokenizer, facts
         self._device = torch.device(target)
-        self.max_length = min(opts.max_length or DEFAULT_MAX_LENGTH, model.max_sequence_length)
+        self.max_length = min(opts.max_length or DEFAULT_MAX_LENGTH, max_length)
         self.ll_method = opts.ll_method
         if self.ll_method == "auto":
-            self.ll_method = "dream" if getattr(model, "logit_shift", 0) == 1 else "llada"
+            self.ll_method = "dream" if shift == 1 else "llada"
         self._warned: set[str] = set()
         self.request_stats: list[dict[str, Any]] = []
+
+    @property
+    def model(self) -> Any:
+        """The model; a ``pretrained=`` one is loaded on first use (every check is made before, ``_loaded``)."""
+        if self._model is None:
+            opts = self.options
+            self._model, _ = load_model(opts.pretrained, dtype=opts.dtype, device=self._target, tokenizer=False)
+        return self._model
+
+    def _loaded(self, request_type: str) -> Any:
+        """The model, for requests of ``request_type``, once the model_args are checked against it (one line, before
+        any weight is read): likelihoods are Monte Carlo ELBO estimates, which run no sampler and no cache."""
+        check_request_type(self.options, request_type)
+        return self.model
 
     # ------------------------------------------------------------------------------------ lm-eval plumbing
     @classmethod
@@ -233,6 +261,8 @@ class DLMDecodeLM(LM):
             tid = getattr(self.tokenizer, name, None)
             if isinstance(tid, int):
                 return tid
+        if not self.model.eos_token_ids:
+            raise ValueError("the tokenizer has no BOS or EOS id and the model no EOS id: nothing to put before a text")
         return self.model.eos_token_ids[0]
 
     def _encode_pair(self, context: str, continuation: str) -> tuple[list[int], list[int]]:
@@ -271,6 +301,7 @@ class DLMDecodeLM(LM):
     def generate_until(self, requests: list[Any], disable_tqdm: bool = False) -> list[str]:
         if not requests:
             return []
+        check_request_type(self.options, "generate_until")
         items = []
         ignored: set[str] = set()
         for i, req in enumerate(requests):
@@ -298,6 +329,13 @@ class DLMDecodeLM(LM):
             )
         out: list[str] = [""] * len(requests)
         records: list[dict[str, Any]] = [{}] * len(requests)  # in request order
+        groups: dict[int, list[Any]] = {}
+        for it in items:
+            groups.setdefault(it[3], []).append(it)
+        for gen_length, group in groups.items():  # each task's lengths and prompts, before any weight is read
+            kw = dict(sampler=self.sampler, cache=self.cache, config=decode_config(self.options, gen_length))
+            check_request(self._facts, [it[1] for it in group], **kw)
+        self._loaded("generate_until")
         bar = self._bar(len(requests), "generate_until", disable_tqdm)
         per_call = min(self.batch_size, self.options.max_batch)
         engine = Engine(self.model, self.tokenizer, max_batch=per_call)
@@ -354,6 +392,7 @@ class DLMDecodeLM(LM):
     def loglikelihood(self, requests: list[Any], disable_tqdm: bool = False) -> list[tuple[float, bool]]:
         if not requests:
             return []
+        self._loaded("loglikelihood")
         pairs = [self._encode_pair(*req.args) for req in requests]
         out: list[tuple[float, bool]] = [(0.0, True)] * len(requests)
         todo = [i for i, (_, cont) in enumerate(pairs) if cont]  # an empty continuation has probability 1
@@ -366,6 +405,7 @@ class DLMDecodeLM(LM):
     def loglikelihood_rolling(self, requests: list[Any], disable_tqdm: bool = False) -> list[float]:
         if not requests:
             return []
+        self._loaded("loglikelihood_rolling")
         width = self.max_length - 1
         windows, owner = [], []
         for i, req in enumerate(requests):

@@ -152,11 +152,35 @@ def check_decoding(opts: EvalOptions, facts: ModelFacts | None = None) -> None:
             kw = dict(sampler_options=opts.sampler_options, cache=opts.cache, cache_options=opts.cache_options)
             check_request(facts, sampler=opts.sampler, config=decode_config(opts, opts.gen_length), **kw)
         else:
-            get_sampler(opts.sampler, opts.sampler_options)
-            get_cache(opts.cache, opts.cache_options)
-            decode_config(opts, opts.block_length or DEFAULT_BLOCK_LENGTH)  # any valid gen_length checks the rest
+            smp = get_sampler(opts.sampler, opts.sampler_options).with_model(facts)
+            pol = get_cache(opts.cache, opts.cache_options)
+            cfg = decode_config(opts, opts.block_length or DEFAULT_BLOCK_LENGTH)  # any valid gen_length checks the rest
+            if facts is not None:  # what the model family decides (a cache for bidirectional models on LLaDA2, ...)
+                pol.check(cfg, smp, facts)
+                smp.check_cache(pol)
     except ValueError as e:
         raise ValueError(f"model_args: {e}") from None
+
+
+LIKELIHOOD_REQUESTS = ("loglikelihood", "loglikelihood_rolling")
+DECODING_KEYS = ("sampler", "sampler_options", "cache", "cache_options")
+
+
+def check_request_type(opts: EvalOptions, request_type: str) -> None:
+    """Refuse model_args that do not apply to ``request_type`` (an lm-eval request type): likelihood requests are
+    Monte Carlo ELBO estimates (``eval.likelihood``), which run no sampler and no cache, so naming one for them is an
+    error rather than a silently ignored option."""
+    if request_type not in LIKELIHOOD_REQUESTS:
+        return
+    defaults = EvalOptions()
+    given = [f"{k}={getattr(opts, k)}" for k in DECODING_KEYS if getattr(opts, k) not in (getattr(defaults, k), {}, "")]
+    if given:
+        verb = "does" if len(given) == 1 else "do"
+        raise ValueError(
+            f"model_args: {', '.join(given)} {verb} not apply to {request_type} requests (likelihood tasks are scored "
+            "by a Monte Carlo ELBO with no sampler and no cache); drop them, or evaluate the likelihood tasks in a "
+            "separate run from the generation tasks"
+        )
 
 
 def describe(opts: EvalOptions) -> dict[str, Any]:

@@ -20,7 +20,9 @@ takes the reference's 4D mask (additive or bool) or ``block_length``, for tests 
 
 Mask and EOS ids, in this order: ``mask_token_id`` / ``eos_token_id`` of config.json; else the tokenizer's
 ``mask_token_id`` / ``eos_token_id`` (``adopt_tokenizer_ids``, called by ``loading.load_model`` and ``model_facts``);
-else the reference ``generate()`` defaults 156895 / 156892.
+else the reference ``generate()`` defaults 156895 / 156892. Every one of them is checked against the vocabulary before
+any weight is read (``core.special_ids``): a MASK id outside it is an error; the fallback EOS outside it (a small
+model) is dropped, and the model decodes to the gen length with one notice.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from torch import nn
 from transformers import PretrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import MaskedLMOutput
 
+from dlm_decode.core.special_ids import usable_ids
 from dlm_decode.models.common import DiffusionLMMixin, RMSNorm, take_rows
 from dlm_decode.models.moe import Router, SparseMoE, SwiGLU
 from dlm_decode.models.schema import (
@@ -397,8 +400,9 @@ class LLaDA2MoeModelLM(DiffusionLMMixin, PreTrainedModel):
     @property
     def eos_token_ids(self) -> list[int]:
         ids = self.config.eos_token_id
-        ids = [REFERENCE_EOS_ID] if ids is None else [ids] if isinstance(ids, int) else list(ids)
-        return sorted(set(ids))
+        if ids is None:  # the reference default, where the vocabulary has it (else no EOS: ``no_eos_notice``)
+            return usable_ids(REFERENCE_EOS_ID, self.config.vocab_size)
+        return sorted(set([ids] if isinstance(ids, int) else ids))
 
     def adopt_tokenizer_ids(self, tokenizer: Any | None) -> None:
         """Fill the mask / EOS ids config.json leaves out from the tokenizer (the second place in the order)."""

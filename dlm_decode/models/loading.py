@@ -17,6 +17,7 @@ import torch
 
 from dlm_decode.core.files import check_shapes, read_json_object, safetensors_shapes
 from dlm_decode.core.inputs import ModelFacts
+from dlm_decode.core.special_ids import check_tokenizer_ids, no_eos_notice, vocabulary
 from dlm_decode.models.layout import resolve_layout, set_layout
 
 DEMO_DIR = Path(__file__).resolve().parent.parent / "demo_models"
@@ -123,9 +124,25 @@ def model_facts(name_or_path: str | Path) -> ModelFacts:
     ``generation_config.json`` (``core.generation_config``), read without weights."""
     path = resolve_model_path(name_or_path)
     model = empty_model(read_config(path))
+    check_tokenizer(path, model, load_tokenizer(path))
+    return checkpoint_facts(model, path)
+
+
+def checkpoint_facts(model: Any, path: Path) -> ModelFacts:
+    """``ModelFacts.of_model`` of a model built from ``path`` (its ``generation_config.json`` read once)."""
+    facts = ModelFacts.of_model(model)
+    return facts if facts.checkpoint_dir == str(path) else facts.in_checkpoint(path)
+
+
+def check_tokenizer(path: Path, model: Any, tokenizer: Any | None) -> None:
+    """The tokenizer's special ids inside the model's vocabulary; then the ids config.json leaves out are taken from
+    it (LLaDA2); a model left with no usable EOS gets its one notice (it decodes to the gen length)."""
+    files = [f for f in ("tokenizer_config.json", "tokenizer.json") if (path / f).is_file()]
+    check_tokenizer_ids(tokenizer, vocabulary(model), str(path / (files[0] if files else "tokenizer")))
     if hasattr(model, "adopt_tokenizer_ids"):  # ids config.json leaves out come from the tokenizer (LLaDA2)
-        model.adopt_tokenizer_ids(load_tokenizer(path))
-    return ModelFacts.of_model(model).in_checkpoint(path)
+        model.adopt_tokenizer_ids(tokenizer)
+    if not model.eos_token_ids and getattr(tokenizer, "eos_token_id", None) is None:
+        no_eos_notice(str(path))
 
 
 #: tokenizer classes published as remote code that are a transformers class under another name: Dream's
@@ -196,14 +213,13 @@ def load_model(
     config = read_config(path)
     torch_dtype = parse_dtype(dtype)
     layout = resolve_layout(layout, device, torch_dtype)
-    empty = empty_model(config)
-    tok = load_tokenizer(path) if tokenizer or hasattr(empty, "adopt_tokenizer_ids") else None
-    if hasattr(empty, "adopt_tokenizer_ids"):  # ids config.json leaves out come from the tokenizer (LLaDA2, -MoE)
-        empty.adopt_tokenizer_ids(tok)
-        ModelFacts.of_model(empty)  # a MASK id found nowhere (LLaDA-MoE) is an error before the weights
-    check_weights(path, empty)
+    meta = empty_model(config)
+    tok = load_tokenizer(path)
+    check_tokenizer(path, meta, tok)  # the ids, the tokenizer's and the fallbacks included, before any weight
+    checkpoint_facts(meta, path)
+    check_weights(path, meta)
     model = AutoModel.from_pretrained(path, config=config, dtype=torch_dtype, use_safetensors=True).to(device).eval()
     set_layout(model, layout)
-    if hasattr(model, "adopt_tokenizer_ids"):
+    if hasattr(model, "adopt_tokenizer_ids"):  # ids config.json leaves out come from the tokenizer (LLaDA2, -MoE)
         model.adopt_tokenizer_ids(tok)
     return model, (tok if tokenizer else None)

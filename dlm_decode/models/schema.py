@@ -5,8 +5,10 @@ model reads, a ``Key`` (its type, the smallest allowed value, the allowed choice
 the official value to name when it is missing), plus cross-key ``Rule``s (``d_model`` a multiple of ``n_heads``, the
 MASK id inside the vocabulary). ``models.loading.read_config`` checks the raw JSON against it before transformers
 builds the config, so a bad value is one ``ValueError`` naming the file and the key, never a traceback from the model
-code or a shape mismatch with the weights. Keys the schema does not name are left alone (transformers' own keys,
-``architectures``, ``auto_map``, ...). A new family needs a few lines, for instance::
+code or a shape mismatch with the weights. Every schema also checks the special ids the file sets (``mask_token_id``,
+``eos_token_id``, ``pad_token_id``, ``bos_token_id``) against its ``vocab_size`` (``core.special_ids``), so a new
+family gets that check by declaring ``vocab_size``. Keys the schema does not name are left alone (transformers' own
+keys, ``architectures``, ``auto_map``, ...). A new family needs a few lines, for instance::
 
     config_schema = ConfigSchema(
         "LLaDA2",
@@ -22,6 +24,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from dlm_decode.core.special_ids import check_special_ids
 
 
 def _is_int(v: Any) -> bool:
@@ -142,3 +146,5 @@ class ConfigSchema:
             values = [config.get(k) for k in rule.keys]
             if all(_is_number(v) for v in values) and not rule.ok(*values):
                 raise ValueError(f"{where}: " + rule.says.format(**dict(zip(rule.keys, values, strict=True))))
+        if _is_int(config.get("vocab_size")):  # every family: MASK / EOS / PAD / BOS inside the vocabulary
+            check_special_ids(config, config["vocab_size"], str(where))

@@ -509,7 +509,8 @@ def _fmt(v: Any, digits: int = 1) -> str:
 
 
 def format_table(results: list[TaskResult]) -> str:
-    """Per-task table (task, n, score, strict, NFE, tokens/step, seconds; oracle columns when computed)."""
+    """Per-task table (task, n, score, strict, NFE, tokens/step, seconds; oracle columns when computed) and, with more
+    than one scored task, a ``mean`` row: every column's mean over them (seconds too; ``summarize`` keeps the total)."""
     with_oracle = any(r.oracle_nfe is not None for r in results)
     head = ["task", "n", "score", "strict", "NFE", "tok/step", "seconds"]
     if with_oracle:
@@ -527,7 +528,7 @@ def format_table(results: list[TaskResult]) -> str:
     s = summarize(results)
     if s.get("tasks", 0) > 1:
         row = ["mean", "", _fmt(s["score"]), _fmt(s["score_strict"]), _fmt(s["nfe"], 2)]
-        row += [_fmt(s["tokens_per_step"], 2), _fmt(s["seconds"], 2)]
+        row += [_fmt(s["tokens_per_step"], 2), _fmt(s["seconds"] / s["tasks"], 2)]  # a mean, as every column here
         if with_oracle:
             ratio = s["nfe"] / s["oracle_nfe"] if s["oracle_nfe"] else None
             row += [_fmt(s["oracle_nfe"], 2), _fmt(ratio, 2)]

@@ -67,6 +67,9 @@ class AdaptiveBlock(Sampler):
         if any(i < 0 for i in self.delimiter_ids):
             raise ValueError(f"{self.name}: delimiter_ids must be token ids >= 0, got {self.delimiter_ids!r}")
 
+    def token_options(self) -> dict[str, tuple[tuple[int, ...], bool]]:
+        return {"delimiter_ids": (tuple(self.delimiter_ids), False)}  # looked for among the proposals (never MASK)
+
     def with_model(self, facts: Any) -> AdaptiveBlock:
         if facts is not None and getattr(facts, "block_causal", False):
             raise ValueError(

@@ -121,6 +121,18 @@ class Sampler:
             if steps > config.gen_length:
                 raise ValueError(f"{self.name}: steps ({steps}) must be <= gen_length ({config.gen_length})")
 
+    def count_bounds(self, block: int, block_steps: int, gen_length: int) -> dict[str, tuple[int, str]]:
+        """Options that count tokens or steps of one block (or of the generation): option -> (bound, what it is),
+        checked by ``options.check_bounded`` from ``check_request``. ``block``: the block length; ``block_steps``: the
+        most steps a block takes (a fixed budget's share, else one per slot). None by default."""
+        return {}
+
+    def token_options(self) -> dict[str, tuple[tuple[int, ...], bool]]:
+        """Options holding token ids the sampler writes or looks for: option -> (ids, whether they are written into the
+        canvas), checked against the model's vocabulary (and, written ones, its MASK id) by ``check_request``
+        (``core.special_ids.check_option_ids``). None by default."""
+        return {}
+
     def steps_per_block(self, state: DecodeState) -> int:
         return max(1, state.steps // state.num_blocks)
 

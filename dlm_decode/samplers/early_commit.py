@@ -80,6 +80,9 @@ class EarlyCommit(Sampler):
             raise ValueError(f"{self.name}: answer_length must be >= 1, got {self.answer_length!r}")
         self._base()  # validates the threshold
 
+    def token_options(self) -> dict[str, tuple[tuple[int, ...], bool]]:
+        return {"prefix_ids": (tuple(self.prefix_ids), True)}  # written into the canvas before the first forward
+
     # the base rule decides the budget, the step bound and the ordinary commits
     def _base(self) -> Sampler:
         return LowConfidence() if self.base == "low_confidence" else Threshold(self.threshold)

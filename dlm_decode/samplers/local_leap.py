@@ -40,6 +40,9 @@ class LocalLeap(Sampler):
         if not is_int(self.radius) or self.radius < 0:
             raise ValueError(f"{self.name}: radius must be an integer >= 0, got {self.radius!r}")
 
+    def count_bounds(self, block: int, block_steps: int, gen_length: int) -> dict[str, tuple[int, str]]:
+        return {"radius": (block - 1, "the block length - 1")}  # neighbours of an anchor inside its block
+
     def select(self, state: DecodeState, logits: torch.Tensor, r0: int) -> Selection:
         x0, conf = self.proposals(state, logits)  # [B, R], [B, R] float64
         cand = candidates(state, r0, r0 + logits.shape[1])

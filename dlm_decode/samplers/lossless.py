@@ -127,6 +127,9 @@ class Lossless(Sampler):
                 f"greedy {self.rule} output; sampled tokens would differ between a draft and its verification)"
             )
 
+    def count_bounds(self, block: int, block_steps: int, gen_length: int) -> dict[str, tuple[int, str]]:
+        return {"drafts": (block_steps, "the steps of one block")}  # static steps one forward can accept, of one block
+
     def check_cache(self, cache: Any) -> None:
         name = getattr(cache, "name", type(cache).__name__)
         if name == "none" or (name in EXACT_CACHES and getattr(cache, "refresh_interval", None) is None):

@@ -46,6 +46,9 @@ class TokenEditing(Sampler):
         if not isinstance(self.max_post_steps, int) or isinstance(self.max_post_steps, bool) or self.max_post_steps < 0:
             raise ValueError(f"{self.name}: max_post_steps must be an integer >= 0, got {self.max_post_steps!r}")
 
+    def count_bounds(self, block: int, block_steps: int, gen_length: int) -> dict[str, tuple[int, str]]:
+        return {"num_to_transfer": (block, "the block length")}  # tokens committed per step, of one block
+
     def max_block_steps(self, state: DecodeState) -> int:
         """Every iteration with a MASK commits one at least, then at most ``max_post_steps`` more: the bound."""
         return int((state.block_end - state.block_start).max()) + self.max_post_steps + 1
