@@ -132,18 +132,22 @@ class ReferenceFastDLLM:
         self.cfg, self.sd, self.calls = cfg, sd, 0
 
     @torch.no_grad()
-    def __call__(self, ids, cache: list, update: bool, block_size: int) -> torch.Tensor:
+    def __call__(self, ids, cache: list, update: bool, block_size: int, block_cache=None, replace=None):
+        """``block_cache`` (``use_block_cache``): a list that a full-block call fills with the block's K/V, or that
+        a sub-block call (``replace``: its offset in the block) overwrites in place and attends to, unmasked."""
         cfg, sd = self.cfg, self.sd
         self.calls += 1
         b, t = ids.shape
         past = cache[0][0].shape[-2] if cache else 0
+        sub = block_cache is not None and replace is not None
         h_, kv, eps = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["rms_norm_eps"]
         hd = cfg["hidden_size"] // h_
-        pos = torch.arange(past, past + t)
+        pos = torch.arange(past, past + t) + (replace if sub else 0)
         inv = 1.0 / (cfg["rope_theta"] ** (torch.arange(0, hd, 2, dtype=torch.int64).float() / hd))
         emb = torch.cat((pos[:, None].float() * inv[None], pos[:, None].float() * inv[None]), -1)
         cos, sin = emb.cos(), emb.sin()
         visible = (pos[:, None] // block_size) >= (torch.arange(past + t)[None, :] // block_size)  # eval_mask
+        visible = None if sub else visible  # the reference passes no mask once the block cache is filled
         h = sd["model.embed_tokens.weight"][ids]
         for i in range(cfg["num_hidden_layers"]):
             p = f"model.layers.{i}.self_attn"
@@ -152,6 +156,12 @@ class ReferenceFastDLLM:
             k = F.linear(x, sd[f"{p}.k_proj.weight"], sd[f"{p}.k_proj.bias"]).view(b, t, kv, hd).transpose(1, 2)
             v = F.linear(x, sd[f"{p}.v_proj.weight"], sd[f"{p}.v_proj.bias"]).view(b, t, kv, hd).transpose(1, 2)
             q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+            if block_cache is not None and not sub:
+                block_cache.append((k.clone(), v.clone()))
+            elif sub:
+                block_cache[i][0][:, :, replace : replace + t] = k
+                block_cache[i][1][:, :, replace : replace + t] = v
+                k, v = block_cache[i]
             if update:
                 if len(cache) > i:
                     cache[i] = (torch.cat([cache[i][0], k], -2), torch.cat([cache[i][1], v], -2))
@@ -187,6 +197,7 @@ def batch_sample(
     max_new_tokens: int,
     threshold: float,
     stop_token: int = STOP,
+    use_block_cache: bool = False,
 ) -> list[list[int]]:
     """Each row's tokens after the prompt, as ``batch_sample`` returns them (temperature 0)."""
     b, p = prompts.shape
@@ -214,7 +225,8 @@ def batch_sample(
                 nxt[finished] = PAD
                 x = torch.cat([x, nxt], 1)
                 break
-            finished = _sub_blocks(model, x, cache, block_size, small_block_size, threshold, stop_token, finished)
+            args = (block_size, small_block_size, threshold, stop_token, use_block_cache)
+            finished = _sub_blocks(model, x, cache, *args, finished)
         ids = x
         if finished.any():
             keep = ~finished
@@ -229,8 +241,9 @@ def batch_sample(
     return [done[r] for r in range(b)]
 
 
-def _sub_blocks(model, x, cache, block_size, small, threshold, stop_token, finished):
+def _sub_blocks(model, x, cache, block_size, small, threshold, stop_token, use_block_cache, finished):
     """One pass over the block's sub-blocks, left to right (writes ``x`` in place) -> the updated finished flags."""
+    block_cache = None
     for s in range(block_size // small):
         start = -block_size + s * small
         end = None if (s + 1) * small == block_size else start + small
@@ -238,8 +251,16 @@ def _sub_blocks(model, x, cache, block_size, small, threshold, stop_token, finis
             masked = x[:, -block_size:] == MASK
             if masked[:, start:end].sum() == 0:
                 break
-            logits = model(x[:, -block_size:], cache, False, block_size)
-            logits = torch.cat([logits[:, :1], logits[:, :-1]], 1)[:, start:end]
+            if not use_block_cache:
+                logits = model(x[:, -block_size:], cache, False, block_size)
+                logits = torch.cat([logits[:, :1], logits[:, :-1]], 1)[:, start:end]
+            elif block_cache is None or (x[:, -block_size + s * small] == MASK).any():
+                block_cache = []
+                logits = model(x[:, -block_size:], cache, False, block_size, block_cache)
+                logits = torch.cat([logits[:, :1], logits[:, :-1]], 1)[:, start:end]
+            else:  # the sub-block alone against the block cache; shifted inside the sub-block
+                logits = model(x[:, start:end], cache, False, block_size, block_cache, s * small)
+                logits = torch.cat([logits[:, :1], logits[:, :-1]], 1)
             tok, probs = logits.argmax(-1), torch.softmax(logits, -1)
             conf = torch.where(masked[:, start:end], probs.gather(-1, tok[..., None])[..., 0], -torch.inf)
             take = conf > threshold

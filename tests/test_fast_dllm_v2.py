@@ -201,3 +201,45 @@ def test_bad_options_refused(ckpt, capsys, opt, needle):
     argv = ["generate", str(path), "--input-ids", "5,6", "--preset", "fast_dllm_v2", "--block-length", "8"]
     assert main([*argv, "--sampler-opt", opt, "--json"]) == 2
     assert needle in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("p", [3, 9, 16, 19], ids=lambda p: f"prompt{p}")
+@pytest.mark.parametrize("threshold", [0.5, 0.9, 1.0])
+def test_sub_block_cache_equals_reference_use_block_cache(ckpt, p, threshold):
+    """``--cache sub_block`` against ``batch_sample(use_block_cache=True)``: the same (approximate) tokens."""
+    _, model, ref = ckpt
+    prompt, gen = _prompt(p, p), _gen(p, 3)
+    kw = {"block_size": B, "small_block_size": SMALL, "max_new_tokens": 3 * B, "threshold": threshold}
+    want = batch_sample(ref, prompt, use_block_cache=True, **kw)
+    out, got = _ours(model, prompt, threshold, cache="sub_block", gen=gen)
+    assert _answer(got[0], gen) == _answer(want[0], gen)
+    exact, _ = _ours(model, prompt, threshold, gen=gen)
+    assert out.token_forwards < exact.token_forwards  # the sub-block steps compute a sub-block, not the block
+
+
+def test_sub_block_cache_is_approximate_and_rows_decode_alone(ckpt):
+    _, model, ref = ckpt
+    kw = {"block_size": B, "small_block_size": SMALL, "max_new_tokens": 3 * B, "threshold": 0.9}
+    differ = 0
+    for p in (3, 5, 9, 16):
+        prompt, gen = _prompt(p, p), _gen(p, 3)
+        approx = batch_sample(ref, prompt, use_block_cache=True, **kw)[0]
+        differ += _answer(approx, gen) != _answer(batch_sample(ref, prompt, **kw)[0], gen)
+    assert differ >= 2  # the stale block keys change tokens on these random checkpoints (the reference's too)
+    prompts = [_prompt(n, n).tolist()[0] for n in (3, 8, 13, 16)]
+    alone = [_ours(model, [q], 0.9, cache="sub_block", gen=20)[1][0] for q in prompts]
+    assert _ours(model, prompts, 0.9, cache="sub_block", gen=20)[1] == alone
+    eng = dlm_decode.Engine(model, max_batch=3)
+    opts = {"sampler": "fast_dllm_v2", "sampler_options": {"threshold": 0.9, "small_block_size": SMALL}}
+    handles = [eng.submit(q, block_length=B, gen_length=20, cache="sub_block", **opts) for q in prompts]
+    eng.run_until_done()
+    assert [h.result().generated_ids for h in handles] == alone
+
+
+def test_sub_block_cache_refused_elsewhere(ckpt, llada_dir, capsys):
+    path = ckpt[0]
+    assert main(["generate", str(path), "--input-ids", "5,6", "--sampler", "llada2", "--cache", "sub_block"]) == 2
+    assert "fast_dllm_v2 sampler only" in capsys.readouterr().err
+    argv = ["generate", str(llada_dir), "--input-ids", "5,6", "--sampler", "fast_dllm_v2", "--cache", "sub_block"]
+    assert main([*argv, "--gen-length", "8"]) == 2
+    assert "block-causal models only" in capsys.readouterr().err

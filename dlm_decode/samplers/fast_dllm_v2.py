@@ -75,6 +75,9 @@ class FastDLLMV2(Sampler):
                 f"({self.small_block_size})"
             )
 
+    def begin_block(self, state: DecodeState) -> None:
+        state.scratch[f"{self.name}.small_block_size"] = self.small_block_size  # read by the ``sub_block`` cache
+
     def propose(self, state: DecodeState, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """[B, R, V] -> proposals and confidences [B, R]: argmax (never MASK) at temperature 0, else the loop's draws;
         the confidence is the proposal's probability under softmax(logits)."""
