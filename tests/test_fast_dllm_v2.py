@@ -2,7 +2,8 @@
 model against the re-stated reference forward (``fast_dllm_v2_reference.ReferenceFastDLLM``), the ``fast_dllm_v2``
 decode against the re-stated ``batch_sample`` token for token (temperature 0) over prompt lengths (inside the first
 block, mid-block after whole prompt blocks, on a block boundary), thresholds (0.5, the preset's 0.9, the evaluation
-scripts' 1.0), sub-block sizes, caches and batches; each row of a ``generate`` batch and each request through the
+scripts' 1.0), sub-block sizes, caches and batches; the approximate sub-block cache against
+``batch_sample(use_block_cache=True)``; each row of a ``generate`` batch and each request through the
 engine equal to ``generate`` of it alone; stop tokens; the CLI with ``--preset fast_dllm_v2``; bad configs and options
 refused before any weight is read."""
 
@@ -17,6 +18,7 @@ from safetensors.torch import load_file
 from transformers import AutoConfig, AutoModel
 
 import dlm_decode
+from dlm_decode.cache.sub_block import SubBlockCache
 from dlm_decode.cli import main
 from dlm_decode.models.fast_dllm_v2 import FastDLLMV2ForCausalLM
 from dlm_decode.models.loading import load_model
@@ -206,12 +208,12 @@ def test_bad_options_refused(ckpt, capsys, opt, needle):
 @pytest.mark.parametrize("p", [3, 9, 16, 19], ids=lambda p: f"prompt{p}")
 @pytest.mark.parametrize("threshold", [0.5, 0.9, 1.0])
 def test_sub_block_cache_equals_reference_use_block_cache(ckpt, p, threshold):
-    """``--cache sub_block`` against ``batch_sample(use_block_cache=True)``: the same (approximate) tokens."""
+    """``cache=SubBlockCache()`` against ``batch_sample(use_block_cache=True)``: the same (approximate) tokens."""
     _, model, ref = ckpt
     prompt, gen = _prompt(p, p), _gen(p, 3)
     kw = {"block_size": B, "small_block_size": SMALL, "max_new_tokens": 3 * B, "threshold": threshold}
     want = batch_sample(ref, prompt, use_block_cache=True, **kw)
-    out, got = _ours(model, prompt, threshold, cache="sub_block", gen=gen)
+    out, got = _ours(model, prompt, threshold, cache=SubBlockCache(), gen=gen)
     assert _answer(got[0], gen) == _answer(want[0], gen)
     exact, _ = _ours(model, prompt, threshold, gen=gen)
     assert out.token_forwards < exact.token_forwards  # the sub-block steps compute a sub-block, not the block
@@ -227,19 +229,19 @@ def test_sub_block_cache_is_approximate_and_rows_decode_alone(ckpt):
         differ += _answer(approx, gen) != _answer(batch_sample(ref, prompt, **kw)[0], gen)
     assert differ >= 2  # the stale block keys change tokens on these random checkpoints (the reference's too)
     prompts = [_prompt(n, n).tolist()[0] for n in (3, 8, 13, 16)]
-    alone = [_ours(model, [q], 0.9, cache="sub_block", gen=20)[1][0] for q in prompts]
-    assert _ours(model, prompts, 0.9, cache="sub_block", gen=20)[1] == alone
+    alone = [_ours(model, [q], 0.9, cache=SubBlockCache(), gen=20)[1][0] for q in prompts]
+    assert _ours(model, prompts, 0.9, cache=SubBlockCache(), gen=20)[1] == alone
     eng = dlm_decode.Engine(model, max_batch=3)
     opts = {"sampler": "fast_dllm_v2", "sampler_options": {"threshold": 0.9, "small_block_size": SMALL}}
-    handles = [eng.submit(q, block_length=B, gen_length=20, cache="sub_block", **opts) for q in prompts]
+    handles = [eng.submit(q, block_length=B, gen_length=20, cache=SubBlockCache(), **opts) for q in prompts]
     eng.run_until_done()
     assert [h.result().generated_ids for h in handles] == alone
 
 
-def test_sub_block_cache_refused_elsewhere(ckpt, llada_dir, capsys):
-    path = ckpt[0]
-    assert main(["generate", str(path), "--input-ids", "5,6", "--sampler", "llada2", "--cache", "sub_block"]) == 2
-    assert "fast_dllm_v2 sampler only" in capsys.readouterr().err
-    argv = ["generate", str(llada_dir), "--input-ids", "5,6", "--sampler", "fast_dllm_v2", "--cache", "sub_block"]
-    assert main([*argv, "--gen-length", "8"]) == 2
-    assert "block-causal models only" in capsys.readouterr().err
+def test_sub_block_cache_refused_elsewhere(ckpt, llada_dir):
+    model = ckpt[1]
+    with pytest.raises(ValueError, match="fast_dllm_v2 sampler only"):
+        dlm_decode.generate(model, [[5, 6]], sampler="llada2", cache=SubBlockCache(), gen_length=8)
+    llada = load_model(llada_dir)[0]
+    with pytest.raises(ValueError, match="block-causal models only"):
+        dlm_decode.generate(llada, [[5, 6]], sampler="fast_dllm_v2", cache=SubBlockCache(), gen_length=8)

@@ -15,6 +15,12 @@ sampler it runs with). One step more is full here: where the block's first slot 
 first forward (the reference's cache-write forward, ``samplers/fast_dllm_v2.py``), the next step recomputes the whole
 block, as the reference's first sub-block step does (its block cache starts empty there). The finished block's final
 keys and values are written exactly by the next block's first forward, as with ``prefix``.
+
+Tokens: the reference's ``use_block_cache=True`` tokens at temperature 0 (tested against its re-statement), which
+differ from the exact cache's where the stale keys change a commit. In a batch each row decides full or sub-block by
+itself (the reference recomputes the whole block for every row when any row's sub-block starts with a MASK), so each
+row decodes what it decodes alone. Not in the ``CACHES`` registry (every registered cache applies to the
+bidirectional models, which the cache tests, the demo and the sweeps iterate): pass ``cache=SubBlockCache()``.
 """
 
 from __future__ import annotations
