@@ -10,6 +10,7 @@ refused before any weight is read."""
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
@@ -245,3 +246,30 @@ def test_sub_block_cache_refused_elsewhere(ckpt, llada_dir):
     llada = load_model(llada_dir)[0]
     with pytest.raises(ValueError, match="block-causal models only"):
         dlm_decode.generate(llada, [[5, 6]], sampler="fast_dllm_v2", cache=SubBlockCache(), gen_length=8)
+
+
+def test_lm_eval_plugin_takes_a_fast_dllm_v2_checkpoint(tmp_path):
+    """generate_until gives the text of ``dlm_decode.generate``'s tokens under the same options, loglikelihood is
+    finite and negative, and the mask id comes from the tokenizer when config.json has none."""
+    from checkpoints import write_tokenizer
+    from lm_eval.api.instance import Instance
+
+    from dlm_decode.eval.lm import DLMDecodeLM
+
+    path = write_fdllm(tmp_path / "m", seed=0)
+    cfg = json.loads((path / "config.json").read_text())
+    del cfg["mask_token_id"]
+    (path / "config.json").write_text(json.dumps(cfg))
+    write_tokenizer(path)
+    opts = dict(sampler="fast_dllm_v2", gen_length=16, block_length=B, cache="prefix")
+    opts["sampler_options"] = {"threshold": 0.9, "small_block_size": SMALL}
+    lm = DLMDecodeLM(pretrained=str(path), mc_num=8, progress=False, device="cpu", greedy_check=False, **opts)
+    assert lm.model.mask_token_id == MASK
+    req = Instance("generate_until", {}, ("w7 w8 w9", {"until": ["never"]}), 0, ("t", 0, 1))
+    (text,) = lm.generate_until([req])
+    ids = lm.tokenizer("w7 w8 w9")["input_ids"]
+    kw = {k: v for k, v in opts.items() if k != "sampler"}
+    direct = dlm_decode.generate(lm.model, [ids], tokenizer=lm.tokenizer, sampler="fast_dllm_v2", **kw).rows[0].text
+    assert text == direct and text.strip()
+    lls = lm.loglikelihood([Instance("loglikelihood", {}, ("w7 w8", f" w{i}"), 0, ("t", i, 1)) for i in (9, 30)])
+    assert all(math.isfinite(ll) and ll < 0 for ll, _ in lls)
