@@ -273,3 +273,25 @@ def test_lm_eval_plugin_takes_a_fast_dllm_v2_checkpoint(tmp_path):
     assert text == direct and text.strip()
     lls = lm.loglikelihood([Instance("loglikelihood", {}, ("w7 w8", f" w{i}"), 0, ("t", i, 1)) for i in (9, 30)])
     assert all(math.isfinite(ll) and ll < 0 for ll, _ in lls)
+
+
+def test_mask_id_from_config_else_tokenizer_else_reference_default(tmp_path, capsys):
+    from types import SimpleNamespace
+
+    from dlm_decode.models.fast_dllm_v2 import FastDLLMV2Config
+    from dlm_decode.models.loading import model_facts
+
+    path = write_fdllm(tmp_path / "m")
+    assert model_facts(path).mask_id == MASK
+    cfg = json.loads((path / "config.json").read_text())
+    del cfg["mask_token_id"]
+    (path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="mask_token_id"):
+        model_facts(path)  # no tokenizer, and 151665 is outside the tiny vocabulary: refused before any weight
+    assert main(["generate", str(path), "--input-ids", "5,6,7", "--preset", "fast_dllm_v2"]) == 2
+    assert "mask_token_id" in capsys.readouterr().err
+    with torch.device("meta"):
+        model = FastDLLMV2ForCausalLM(FastDLLMV2Config(**{**cfg, "vocab_size": 151936}))
+    assert model.mask_token_id == 151665  # the reference's default (the published config.json names none)
+    model.adopt_tokenizer_ids(SimpleNamespace(mask_token_id=5, eos_token_id=7))
+    assert model.mask_token_id == 5 and model.eos_token_ids == [STOP]  # config.json's EOS stays
