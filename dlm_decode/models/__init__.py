@@ -3,6 +3,7 @@
 from transformers import AutoConfig, AutoModel, AutoModelForMaskedLM
 
 from dlm_decode.models.dream import DreamConfig, DreamModel
+from dlm_decode.models.fast_dllm_v2 import FastDLLMV2Config, FastDLLMV2ForCausalLM
 from dlm_decode.models.llada import LLaDAConfig, LLaDAModelLM
 from dlm_decode.models.llada2 import LLaDA2MoeConfig, LLaDA2MoeModelLM
 from dlm_decode.models.llada_moe import LLaDAMoEConfig, LLaDAMoEModelLM
@@ -19,7 +20,11 @@ for _cfg, _model in (
     AutoConfig.register(_cfg.model_type, _cfg, exist_ok=True)
     AutoModel.register(_cfg, _model, exist_ok=True)
     AutoModelForMaskedLM.register(_cfg, _model, exist_ok=True)
-for _cfg, _model in ((SDARConfig, SDARForCausalLM), (SDARMoeConfig, SDARMoeForCausalLM)):  # SDAR / TraDo
+for _cfg, _model in (
+    (SDARConfig, SDARForCausalLM),  # SDAR / TraDo
+    (SDARMoeConfig, SDARMoeForCausalLM),
+    (FastDLLMV2Config, FastDLLMV2ForCausalLM),  # Fast-dLLM v2
+):
     AutoConfig.register(_cfg.model_type, _cfg, exist_ok=True)
     AutoModel.register(_cfg, _model, exist_ok=True)
     AutoModelForMaskedLM.register(_cfg, _model, exist_ok=True)
@@ -31,6 +36,7 @@ SUPPORTED_MODEL_TYPES = (
     LLaDAMoEConfig.model_type,  # dllm's saved name; the hub's config.json says "llada"
     SDARConfig.model_type,
     SDARMoeConfig.model_type,
+    FastDLLMV2Config.model_type,
 )
 
 __all__ = [
@@ -38,6 +44,8 @@ __all__ = [
     "SUPPORTED_MODEL_TYPES",
     "DreamConfig",
     "DreamModel",
+    "FastDLLMV2Config",
+    "FastDLLMV2ForCausalLM",
     "LLaDA2MoeConfig",
     "LLaDA2MoeModelLM",
     "LLaDAConfig",

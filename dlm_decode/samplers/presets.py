@@ -192,6 +192,14 @@ PRESETS: dict[str, Preset] = {
             {"block_length": 4, "steps": 4},
             "TraDo: dLLM-RL README and configs/trado_eval.yaml (block-causal models)",
         ),
+        Preset(
+            "fast_dllm_v2",
+            "fast_dllm_v2",
+            {"threshold": 0.9, "small_block_size": 8},
+            {"block_length": 32},
+            "Fast-dLLM v2 eval.py (threshold 0.9, block 32, sub-block 8; its gsm8k / math / ifeval scripts use "
+            "--sampler-opt threshold=1; block-causal models)",
+        ),
     )
 }
 

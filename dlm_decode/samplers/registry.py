@@ -14,6 +14,7 @@ from dlm_decode.samplers.dream_topk_margin import DreamTopkMargin
 from dlm_decode.samplers.early_commit import EarlyCommit
 from dlm_decode.samplers.entropy_threshold import EntropyThreshold
 from dlm_decode.samplers.factor import Factor
+from dlm_decode.samplers.fast_dllm_v2 import FastDLLMV2
 from dlm_decode.samplers.learned_filter import LearnedFilter
 from dlm_decode.samplers.llada2 import LLaDA2
 from dlm_decode.samplers.local_leap import LocalLeap
@@ -43,6 +44,7 @@ SAMPLERS: dict[str, type[Sampler]] = {
     "llada2": LLaDA2,
     "token_editing": TokenEditing,
     "sdar": SDAR,
+    "fast_dllm_v2": FastDLLMV2,
 }
 
 
