@@ -76,6 +76,7 @@ def build_model(args) -> tuple[Any, Any]:
                 Path(tmp) / "m", seed=0, hidden_size=w, num_hidden_layers=args.layers, vocab_size=args.vocab,
                 head_dim=min(128, w // 4), num_attention_heads=max(4, w // 128),
                 num_key_value_heads=max(4, w // 128) // 2, moe_intermediate_size=w // 2, intermediate_size=2 * w,
+                max_position_embeddings=4096,
             )  # fmt: skip
             model, _ = dlm_decode.load_model(path)
         with torch.no_grad():
@@ -310,7 +311,10 @@ def main(argv: list[str] | None = None) -> int:
     stream = make_stream(model, tok, args)
     with torch.no_grad():
         run_engine(model, tok, stream[:2], args)  # warm-up
-        result: dict[str, Any] = {"model": args.model, "width": args.width, "layers": args.layers}
+        random = args.model in ("llada", "llada2")  # a demo model has its own widths
+        result: dict[str, Any] = {"model": args.model} | (
+            {"width": args.width, "layers": args.layers} if random else {}
+        )
         result |= {"max_batch": args.max_batch, "requests": args.requests, "threads": torch.get_num_threads()}
         result["offline"] = off = offline(model, tok, stream, args)
         print(f"offline: {json.dumps(off)}", flush=True)

@@ -198,3 +198,27 @@ def test_sampler_options_holding_token_ids_are_checked_against_the_model(llada, 
     decoded over; a delimiter past the vocabulary never matched."""
     with pytest.raises(ValueError, match=f"^{sampler}: {match}"):
         dlm_decode.generate(llada, [[5, 6]], sampler=sampler, sampler_options=options, gen_length=8, block_length=8)
+
+
+def test_in_memory_models_and_tokenizers_are_checked_by_generate_and_the_engine(llada, tok_dir):
+    """A model built in memory with no usable EOS gets the notice from generate and the engine too; a tokenizer
+    handed in whose ids lie past the vocabulary is refused before any work."""
+    from dlm_decode.engine import Engine
+
+    saved = llada.config.eos_token_id
+    llada.config.eos_token_id = None
+    try:
+        with pytest.warns(Notice, match="no usable EOS id"):
+            dlm_decode.generate(llada, [[5, 6, 7]], gen_length=8, block_length=8)
+        with pytest.warns(Notice, match="no usable EOS id"):
+            Engine(llada)
+    finally:
+        llada.config.eos_token_id = saved
+    tok = dlm_decode.load_model(tok_dir)[1]
+    bad = SimpleNamespace(
+        **{k: getattr(tok, k, None) for k in ("bos_token_id", "pad_token_id")}, eos_token_id=VOCAB + 5
+    )
+    with pytest.raises(ValueError, match="tokenizer"):
+        dlm_decode.generate(llada, [[5, 6, 7]], tokenizer=bad, gen_length=8, block_length=8)
+    with pytest.raises(ValueError, match="tokenizer"):
+        Engine(llada, bad)

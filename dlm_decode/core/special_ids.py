@@ -158,3 +158,14 @@ def ignored_generation_ids(values: Mapping[str, Any], used: Mapping[str, Any], w
             f"{USED_FROM[key]}); to change it, set {key} in config.json"
         )
     return out
+
+
+def check_call_ids(model: Any, tokenizer: Any | None) -> None:
+    """For a model handed to ``generate`` or the engine in memory (the loading paths check their files): the
+    tokenizer's special ids inside the model's vocabulary, and the one notice when neither the model nor the
+    tokenizer has a usable EOS id."""
+    vocab = vocabulary(model)
+    check_tokenizer_ids(tokenizer, vocab, "tokenizer")
+    eos = usable_ids(getattr(model, "eos_token_ids", []), vocab)
+    if not eos and not usable_ids(getattr(tokenizer, "eos_token_id", None), vocab):
+        no_eos_notice(type(model).__name__)

@@ -37,6 +37,7 @@ from dlm_decode.cache import CachePolicy
 from dlm_decode.core.config import DecodeConfig
 from dlm_decode.core.generation_config import resolve_chat
 from dlm_decode.core.inputs import ModelFacts, Prompt, encode_prompts
+from dlm_decode.core.special_ids import check_call_ids
 from dlm_decode.decode.loop import Unit
 from dlm_decode.decode.output import GenerateOutput, build_output
 from dlm_decode.decode.prepare import prepare
@@ -71,6 +72,7 @@ def generate(
     if not isinstance(cuda_graphs, bool):
         raise ValueError(f"cuda_graphs must be True or False, got {cuda_graphs!r}")
     facts = ModelFacts.of_model(model)
+    check_call_ids(model, tokenizer)
     rows = encode_prompts(prompts, tokenizer, resolve_chat(facts.generation, chat))
     req = check_request(
         facts,

@@ -33,6 +33,7 @@ import torch
 
 from dlm_decode.cache.arena import Arena
 from dlm_decode.core.inputs import ModelFacts, Prompt
+from dlm_decode.core.special_ids import check_call_ids
 from dlm_decode.decode.loop import Unit
 from dlm_decode.decode.output import build_output
 from dlm_decode.decode.prepare import prepare
@@ -125,6 +126,7 @@ class Engine:
         self.max_batch, self.max_tokens, self.memory_budget = max_batch, max_tokens, memory_budget
         self.defaults = dict(defaults or {})
         self.facts = ModelFacts.of_model(model)
+        check_call_ids(model, tokenizer)
         n_layers, n_kv, hd = model.kv_shape()
         param = next(model.parameters())
         self.arena = Arena(n_layers, max_batch, n_kv, hd, dtype=param.dtype, device=param.device)
