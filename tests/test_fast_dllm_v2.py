@@ -271,7 +271,9 @@ def test_lm_eval_plugin_takes_a_fast_dllm_v2_checkpoint(tmp_path):
     kw = {k: v for k, v in opts.items() if k != "sampler"}
     direct = dlm_decode.generate(lm.model, [ids], tokenizer=lm.tokenizer, sampler="fast_dllm_v2", **kw).rows[0].text
     assert text == direct and text.strip()
-    lls = lm.loglikelihood([Instance("loglikelihood", {}, ("w7 w8", f" w{i}"), 0, ("t", i, 1)) for i in (9, 30)])
+    # likelihoods take no sampler and no cache (the plugin refuses them there): a second instance without them
+    plain = DLMDecodeLM(pretrained=str(path), mc_num=8, progress=False, device="cpu", gen_length=16, block_length=B)
+    lls = plain.loglikelihood([Instance("loglikelihood", {}, ("w7 w8", f" w{i}"), 0, ("t", i, 1)) for i in (9, 30)])
     assert all(math.isfinite(ll) and ll < 0 for ll, _ in lls)
 
 

@@ -512,7 +512,7 @@ def test_cli_defaults_loopback_and_the_api_key_from_the_environment(monkeypatch)
 
     args = build_parser().parse_args(["serve", NAME, "--sampler", "threshold", "--sampler-opt", "threshold=0.8"])
     defaults = serve_cli.server_defaults(args)
-    assert defaults["sampler"] == "threshold" and defaults["sampler_options"] == {"threshold": "0.8"}
+    assert defaults["sampler"] == "threshold" and defaults["sampler_options"] == {"threshold": 0.8}
 
 
 def test_health_is_503_while_loading_then_200_and_a_failed_load_stays_503(demo):

@@ -75,6 +75,9 @@ class FastDLLMV2(Sampler):
                 f"({self.small_block_size})"
             )
 
+    def count_bounds(self, block: int, block_steps: int, gen_length: int) -> dict[str, tuple[int, str]]:
+        return {"small_block_size": (block, "the block length")}  # sub-blocks of a block
+
     def begin_block(self, state: DecodeState) -> None:
         state.scratch[f"{self.name}.small_block_size"] = self.small_block_size  # read by the ``sub_block`` cache
 
