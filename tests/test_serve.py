@@ -503,9 +503,9 @@ def test_cli_defaults_loopback_and_the_api_key_from_the_environment(monkeypatch)
     monkeypatch.setattr(DrainingServer, "run", lambda self: seen.append(self.config))
     monkeypatch.setenv(serve_cli.API_KEY_ENV, "from-env")
     assert main(["serve", NAME, "--port", "8123", "--sampler", "threshold", "--sampler-opt", "threshold=0.8"]) == 0
-    assert main(["serve", NAME, "--api-key", "flag", "--served-model-name", "m", "--host", "0.0.0.0"]) == 0
+    assert main(["serve", NAME, "--api-key", "flag", "--served-model-name", "m", "--host", "127.0.0.2"]) == 0
     first, second = seen
-    assert (first.host, first.port, second.port) == ("127.0.0.1", 8123, 8000)
+    assert (first.host, first.port, second.host, second.port) == ("127.0.0.1", 8123, "127.0.0.2", 8000)
     assert first.app.state.config.api_key == "from-env" and first.app.state.config.model_name == NAME
     assert second.app.state.config.api_key == "flag" and second.app.state.config.model_name == "m"
     from dlm_decode.cli import build_parser
