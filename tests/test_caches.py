@@ -33,6 +33,7 @@ EVERY_STEP = {
     "dkv_prefill": {"refresh_interval": 1},
     "dkv_pd": {"refresh_interval": 1, "prompt_refresh_interval": 1},
     "window": {"refresh_cycle": 1, "prune_refresh": False},
+    "delayed": {"cache_delay_iter": 10**6},  # no block ever joins the prefix: every forward is full
     "elastic": {"gamma": 2.0},  # the drift test fails at the first layer of every step: a refresh from the embeddings
 }
 FEW_SAMPLERS = ["low_confidence", "threshold", "factor", "maskgit_plus"]

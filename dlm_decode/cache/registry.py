@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from dlm_decode.cache.base import CachePolicy
+from dlm_decode.cache.delayed import DelayedCache
 from dlm_decode.cache.dkv import DKVDecode, DKVGreedy, DKVPrefill, DKVPrefillDecode
 from dlm_decode.cache.dual import DualCache
 from dlm_decode.cache.elastic import ElasticCache
@@ -23,6 +24,7 @@ CACHES: dict[str, type[CachePolicy]] = {
     "dkv_pd": DKVPrefillDecode,
     "window": WindowCache,
     "elastic": ElasticCache,
+    "delayed": DelayedCache,
 }
 
 

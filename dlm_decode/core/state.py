@@ -60,6 +60,9 @@ class BlockCursor:
     # host copy of ``block_end.max()``, read at the step's sync (``region`` reads it instead of syncing); None
     # whenever ``block_end`` is set anew, so it is never stale
     widest_end: int | None = None
+    # several blocks in flight (``core.frontier.Frontier``): the open blocks per row; the current "block" is then each
+    # row's span from its first open block with a MASK to the end of its last opened one. None: one block at a time
+    frontier: Any = None
     _block_end: torch.Tensor | None = field(default=None, repr=False)
 
     @property

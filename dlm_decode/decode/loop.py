@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from dlm_decode.cache import CachePolicy, KVStore, StepPlan
+from dlm_decode.core import frontier
 from dlm_decode.core.state import DecodeState
 from dlm_decode.decode.blocks import grid_block_end, stop_after_eos_block
 from dlm_decode.decode.commit import all_in, commit_mask, cut, fail_nonfinite, record, stop_at_eos, stop_rows
@@ -82,6 +83,8 @@ def advance(unit: Unit) -> bool:
     state, smp = unit.state, unit.sampler
     while True:
         if unit.in_block:
+            if state.cursor.frontier is not None:  # several blocks in flight: open / activate, then count
+                frontier.update(state, cut)
             unit.masks = _masks_left(state, smp)
             if unit.masks.most:
                 return True
@@ -95,9 +98,12 @@ def advance(unit: Unit) -> bool:
 
 
 def end_block(state: DecodeState) -> None:
-    """The block is done: block-causal rows with an EOS stop, and the cursor moves past the block."""
+    """The block is done: block-causal rows with an EOS stop, and the cursor moves past the block (past every
+    block, with several in flight: they are all done)."""
     if state.inputs.block_causal:
         stop_after_eos_block(state)
+    if state.cursor.frontier is not None:
+        state.finished |= True
     state.cursor.next_start = torch.maximum(state.cursor.block_end, state.cursor.next_start)
     state.cursor.block_index += 1
 
@@ -107,6 +113,13 @@ def begin_block(state: DecodeState, smp: Sampler, pol: CachePolicy, todo: torch.
     its end at the first step), let the sampler and the cache set up, and take the sampler's step bound."""
     cur = state.cursor
     cur.block_step = 0
+    rule = smp.multi_block()
+    if rule is not None:  # several blocks in flight: one "block" spanning the open ones (``core.frontier``)
+        cur.frontier = frontier.start(state, todo, rule)
+        smp.begin_block(state)
+        pol.begin_block(state)
+        cur.block_limit = state.gen_length + int(cur.frontier.count.max()) + 1  # >= 1 commit per step: never hit
+        return
     cur.block_starts = cur.next_start.clone()
     cur.block_start = int(cur.next_start[todo].min())  # shared: earlier slots of a row are already decoded
     if state.inputs.block_causal:  # the absolute grid: the block holding the row's next slot

@@ -160,6 +160,11 @@ class Sampler:
     def check_cache(self, cache: Any) -> None:
         """Validate the cache policy this sampler runs with (before any work); the default accepts every cache."""
 
+    def multi_block(self) -> Any:
+        """The frontier rule (``core.frontier.MultiBlock``) when the sampler decodes several blocks at once (its
+        ``block_add_threshold`` / ``decoded_token_threshold``, ``samplers.multi_block``); None: block by block."""
+        return None
+
     def select(self, state: DecodeState, logits: torch.Tensor, r0: int) -> Selection:
         raise NotImplementedError
 

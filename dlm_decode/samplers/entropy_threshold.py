@@ -20,7 +20,9 @@ from typing import ClassVar
 
 import torch
 
+from dlm_decode.core.frontier import MultiBlock
 from dlm_decode.core.state import DecodeState
+from dlm_decode.samplers import multi_block
 from dlm_decode.samplers.base import Sampler, SamplerTraits, Selection, candidates
 from dlm_decode.samplers.threshold import top1
 
@@ -34,6 +36,9 @@ def entropy(logits: torch.Tensor) -> torch.Tensor:
 @dataclass(frozen=True)
 class EntropyThreshold(Sampler):
     eta: float = 0.5
+    block_add_threshold: float | None = None  # several blocks in flight (d3LLM's global rule, ``multi_block``)
+    decoded_token_threshold: float | None = None
+    early_stop: bool = False  # with several blocks in flight: d3LLM's early stop at the first end id
 
     name: ClassVar[str] = "entropy_threshold"
     traits: ClassVar[SamplerTraits] = SamplerTraits(reads_candidates_only=True)
@@ -41,10 +46,16 @@ class EntropyThreshold(Sampler):
     def __post_init__(self) -> None:
         if not (isinstance(self.eta, int | float) and math.isfinite(self.eta) and self.eta > 0):
             raise ValueError(f"{self.name}: eta must be a finite number > 0, got {self.eta!r}")
+        multi_block.check_fields(self.name, self)
+
+    def multi_block(self) -> MultiBlock | None:
+        return multi_block.rule_of(self, "global", self.early_stop)
 
     def select(self, state: DecodeState, logits: torch.Tensor, r0: int) -> Selection:
         x0, _ = self.proposals(state, logits)
         h = entropy(logits)  # [B, R]
         cand = candidates(state, r0, r0 + logits.shape[1])
-        commit = top1(-h, cand) | (cand & (h <= self.eta))
-        return Selection(commit=commit, tokens=x0)
+        sure = cand & (h <= self.eta)
+        if state.cursor.frontier is not None:  # several blocks in flight
+            return Selection(commit=multi_block.global_pick(state, -h, sure, cand, r0), tokens=x0)
+        return Selection(commit=top1(-h, cand) | sure, tokens=x0)

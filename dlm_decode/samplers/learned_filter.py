@@ -142,6 +142,15 @@ class LearnedFilter(LowConfidence):
     def __post_init__(self) -> None:
         if not (math.isfinite(self.accept) and 0.0 <= self.accept < 1.0):
             raise ValueError(f"{self.name}: accept must be in [0, 1), got {self.accept!r}")
+        if self.block_add_threshold is not None or self.decoded_token_threshold is not None:
+            raise ValueError(
+                f"{self.name}: block_add_threshold / decoded_token_threshold (several blocks in flight) do not apply: "
+                "the filter decides over one block at a time; they apply to threshold, entropy_threshold and "
+                "low_confidence"
+            )
+
+    def multi_block(self) -> None:
+        return None
 
     def with_model(self, facts: ModelFacts | None) -> LearnedFilter:
         """``filter="shipped"`` -> the path of the filter in the model's checkpoint directory (checked to exist)."""

@@ -16,17 +16,31 @@ from typing import ClassVar
 
 import torch
 
+from dlm_decode.core.frontier import MultiBlock
 from dlm_decode.core.state import DecodeState
+from dlm_decode.samplers import multi_block
 from dlm_decode.samplers.base import Sampler, SamplerTraits, Selection, candidates, top_k_per_row
 from dlm_decode.samplers.schedule import llada_schedule
 
 
 @dataclass(frozen=True)
 class LowConfidence(Sampler):
+    block_add_threshold: float | None = None  # several blocks in flight (D2F's per-block rule, ``multi_block``)
+    decoded_token_threshold: float | None = None
+    early_stop: bool = False  # with several blocks in flight: no block opens after an end id (D2F)
+
     name: ClassVar[str] = "low_confidence"
     traits: ClassVar[SamplerTraits] = SamplerTraits(fixed_budget=True, reads_candidates_only=True)
 
+    def __post_init__(self) -> None:
+        multi_block.check_fields(self.name, self)
+
+    def multi_block(self) -> MultiBlock | None:
+        return multi_block.rule_of(self, "per_block", self.early_stop)
+
     def begin_block(self, state: DecodeState) -> None:
+        if state.cursor.frontier is not None:  # several blocks in flight: per-block schedules (``multi_block``)
+            return
         sched = llada_schedule(state.block_masked().sum(1), self.steps_per_block(state))  # [B, S]
         state.scratch[self.name] = sched
         state.scratch[f"{self.name}/most"] = sched.max(0).values.tolist()  # [S] host: no sync inside a step
@@ -37,6 +51,9 @@ class LowConfidence(Sampler):
     def select(self, state: DecodeState, logits: torch.Tensor, r0: int) -> Selection:
         x0, conf = self.proposals(state, logits)
         cand = candidates(state, r0, r0 + logits.shape[1])
+        if state.cursor.frontier is not None:  # several blocks in flight
+            commit = multi_block.scheduled(state, f"{self.name}/block_steps", self.score(state, conf), cand, r0)
+            return Selection(commit=commit, tokens=x0)
         score = torch.where(cand, self.score(state, conf), float("-inf"))
         sched = state.scratch[self.name]
         col = min(state.block_step, sched.shape[1] - 1)

@@ -21,8 +21,10 @@ from typing import ClassVar
 
 import torch
 
+from dlm_decode.core.frontier import MultiBlock
 from dlm_decode.core.state import DecodeState
 from dlm_decode.options import check_probability
+from dlm_decode.samplers import multi_block
 from dlm_decode.samplers.base import Sampler, SamplerTraits, Selection, candidates, top_k_per_row
 
 
@@ -34,15 +36,24 @@ def top1(score: torch.Tensor, cand: torch.Tensor) -> torch.Tensor:
 @dataclass(frozen=True)
 class Threshold(Sampler):
     threshold: float = 0.9
+    block_add_threshold: float | None = None  # several blocks in flight (D2F's per-block rule, ``multi_block``)
+    decoded_token_threshold: float | None = None
+    early_stop: bool = False  # with several blocks in flight: no block opens after an end id (D2F)
 
     name: ClassVar[str] = "threshold"
     traits: ClassVar[SamplerTraits] = SamplerTraits(reads_candidates_only=True)
 
     def __post_init__(self) -> None:
         check_probability(self.name, "threshold", self.threshold)
+        multi_block.check_fields(self.name, self)
+
+    def multi_block(self) -> MultiBlock | None:
+        return multi_block.rule_of(self, "per_block", self.early_stop)
 
     def select(self, state: DecodeState, logits: torch.Tensor, r0: int) -> Selection:
         x0, conf = self.proposals(state, logits)  # [B, R], [B, R] float64
         cand = candidates(state, r0, r0 + logits.shape[1])
-        commit = top1(conf, cand) | (cand & (conf >= self.threshold))
-        return Selection(commit=commit, tokens=x0)
+        sure = cand & (conf >= self.threshold)
+        if state.cursor.frontier is not None:  # several blocks in flight
+            return Selection(commit=multi_block.per_block(state, conf, sure, cand, r0), tokens=x0)
+        return Selection(commit=top1(conf, cand) | sure, tokens=x0)
