@@ -13,13 +13,14 @@ import json
 import pytest
 import torch
 from checkpoints import dream_state_dict, llada_state_dict, reference_dream_logits, reference_llada_logits
+from llada2_reference import write_llada2
 from llada_moe_reference import reference_logits as reference_moe_logits
 from llada_moe_reference import write_llada_moe
 from safetensors.torch import load_file
 
 import dlm_decode
 from dlm_decode.cache.store import KVAccess, KVStore
-from dlm_decode.models import AnswerBlocks
+from dlm_decode.models import AnswerBlocks, common
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -165,6 +166,17 @@ def test_store_keeps_finished_blocks_exact(model):
         model.denoise(first, pos, compute=slice(0, T), region=(s, T), store=store, answer_blocks=RULE)
         got = model.denoise(later, pos, compute=compute, region=(P + B, T), store=store, answer_blocks=RULE)
         torch.testing.assert_close(got, _aligned(model, raw, P + B, T), **TOL)
+    # rows at different blocks: row 1 changes from the next block on and computes only from there (slot ids padded
+    # by repeats of the last slot, as the caches pad them); its region slots before that are not compared
+    later[1, P + B : P + 2 * B] = first[1, P + B : P + 2 * B]
+    raw = _aligned(model, _dense(model, later), P + B, T)
+    width = T - start
+    ids = torch.stack([torch.arange(start, T), torch.arange(P + 2 * B - s, T + B).clamp(max=T - 1)[:width]])
+    store = _store(model)
+    model.denoise(first, pos, compute=slice(0, T), region=(s, T), store=store, answer_blocks=RULE)
+    got = model.denoise(later, pos, compute=ids, region=(P + B, T), store=store, answer_blocks=RULE)
+    torch.testing.assert_close(got[0], raw[0], **TOL)
+    torch.testing.assert_close(got[1, B:], raw[1, B:], **TOL)
     # without the rule the stored prefix is stale: the same steps give other logits
     store = _store(model)
     model.denoise(first, pos, compute=slice(0, T), region=(s, T), store=store)
@@ -267,11 +279,31 @@ def test_left_padded_rows_equal_each_prompt_alone(model):
     torch.testing.assert_close(got, alone[:, B:], **TOL)
 
 
-def test_refusals(llada, moe):
+def test_rule_never_takes_the_kernel_dispatcher(llada, monkeypatch):
+    """With a rule the attention is PyTorch SDPA under the per-query mask (on CUDA too), never ``masked_attention``
+    (the Triton kernel's entry, which takes one key mask per row); without one it still is."""
+    ids, pos = _canvas(9), _positions(_canvas(9))
+    want = _dense(llada, ids)[:, P:T]
+    store = _store(llada)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("masked_attention called")
+
+    monkeypatch.setattr(common, "masked_attention", refuse)
+    got = llada.denoise(ids, pos, compute=slice(0, T), region=(P, T), store=store, answer_blocks=RULE)
+    torch.testing.assert_close(got, want, **TOL)
+    with pytest.raises(AssertionError, match="masked_attention called"):
+        llada.denoise(ids, pos, region=(P, T))
+
+
+def test_refusals(llada, moe, tmp_path):
     ids = _canvas(8)
     pos = _positions(ids)
     with pytest.raises(ValueError, match="depth-aware"):
         llada.denoise(ids, pos, region=(P, T), layers=object(), answer_blocks=RULE)
+    block_causal = dlm_decode.load_model(write_llada2(tmp_path / "llada2"))[0]
+    with pytest.raises(ValueError, match="block-causal already"):
+        block_causal.denoise(ids, pos, region=(P, T), answer_blocks=RULE)
     with pytest.raises(ValueError, match=r"4D mask must be \[2 or 1, 1, 16, 16\]"):
         moe(ids, attention_mask=torch.zeros(1, 1, T, T - 1))
     with pytest.raises(ValueError, match="additive float"):
