@@ -195,8 +195,8 @@ def _attn(q, k, v, keymask):
     k = k.repeat_interleave(rep, 1)
     v = v.repeat_interleave(rep, 1)
     s = q @ k.transpose(-1, -2) / math.sqrt(hd)
-    if keymask is not None:
-        s = s.masked_fill(~keymask[:, None, None, :], float("-inf"))
+    if keymask is not None:  # [B, T] keys, or a [B, 1, T, T] bool mask per query
+        s = s.masked_fill(~(keymask if keymask.dim() == 4 else keymask[:, None, None, :]), float("-inf"))
     return torch.softmax(s.float(), -1).to(q.dtype) @ v
 
 

@@ -225,7 +225,8 @@ def _attention(cfg: dict, sd: dict, p: str, x: torch.Tensor, cos, sin, keymask) 
     v = v[:, :, None].expand(b, nkv, rep, t, hd).reshape(b, nh, t, hd)
     w = q @ k.transpose(2, 3) / math.sqrt(hd)
     if keymask is not None:  # AttentionMaskConverter.to_4d, not causal: finfo.min on padded keys
-        w = w + (~keymask[:, None, None, :]).to(w.dtype) * torch.finfo(w.dtype).min
+        hidden = ~(keymask if keymask.dim() == 4 else keymask[:, None, None, :])  # or a [B, 1, T, T] bool mask
+        w = w + hidden.to(w.dtype) * torch.finfo(w.dtype).min
     w = F.softmax(w, dim=-1, dtype=torch.float32).to(q.dtype)
     o = (w @ v).transpose(1, 2).reshape(b, t, d)
     return F.linear(o, sd[p + "self_attn.o_proj.weight"], sd.get(p + "self_attn.o_proj.bias"))

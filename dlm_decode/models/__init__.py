@@ -10,6 +10,7 @@ from dlm_decode.models.llada_moe import LLaDAMoEConfig, LLaDAMoEModelLM
 from dlm_decode.models.loading import DEMO_MODELS, demo_model_path, load_model, resolve_model_path
 from dlm_decode.models.sdar import SDARConfig, SDARForCausalLM
 from dlm_decode.models.sdar_moe import SDARMoeConfig, SDARMoeForCausalLM
+from dlm_decode.models.visibility import AnswerBlocks
 
 for _cfg, _model in (
     (LLaDAConfig, LLaDAModelLM),
@@ -41,6 +42,7 @@ SUPPORTED_MODEL_TYPES = (
 
 __all__ = [
     "DEMO_MODELS",
+    "AnswerBlocks",
     "SUPPORTED_MODEL_TYPES",
     "DreamConfig",
     "DreamModel",

@@ -14,6 +14,11 @@ Rows nobody reads are not computed past what the other rows need: every computed
 every layer, so each layer runs all of them, except the last, whose K/V still are written for all but whose
 attention output, MLP, final norm and LM head run only for the rows ``denoise`` returns logits for (the region's,
 or the ``read`` subset a sampler asks for).
+
+An attention rule (``visibility.AnswerBlocks``, D2F's answer blocks) given to ``denoise`` becomes one [B, 1, Q, S]
+bool mask per forward (``answer_block_mask``: the rule over the query and key slots, with the key-padding mask),
+shared by every layer; the attention then runs as PyTorch SDPA under it (``pairwise_attention``), never the Triton
+kernel, which takes one key mask per row, not one per query.
 """
 
 from __future__ import annotations
@@ -25,6 +30,8 @@ from torch import nn
 
 from dlm_decode.cache.store import KVAccess, KVStore
 from dlm_decode.kernels import masked_attention
+from dlm_decode.kernels.reference import gather_keys
+from dlm_decode.models.visibility import AnswerBlocks
 
 Index = slice | torch.Tensor  # a contiguous run of canvas slots shared by all rows, or [B, Q] slot ids
 
@@ -143,21 +150,123 @@ def attend(
     slots: Index | None,
     key_mask: torch.Tensor | None,  # [B, S] bool, True = visible key ([B, W] with key_index)
     key_index: torch.Tensor | slice | None,  # [B, W] slots of the keys to gather, or one run shared by all rows
+    visible: torch.Tensor | None = None,  # [B, 1, N, S or W] bool per query and key (key_mask folded in)
 ) -> torch.Tensor:  # [B, N, H * hd]
     """Bidirectional attention with GQA, heads concatenated; K/V of the computed slots go through the store ``kv``
     gives access to, when given (always eager: the store is written in place, and on CUDA the attention is the
-    Triton kernel)."""
+    Triton kernel). With ``visible`` (an attention rule's mask, ``answer_block_mask``) ``key_mask`` is not read,
+    and the attention is PyTorch SDPA under that mask (``pairwise_attention``), on CUDA too."""
     if kv is not None:  # attend over the store's batch (rows a forward leaves out: zero queries, see KVAccess)
         k, v = kv.update(layer, slots, k, v)  # [B of the store, Hk, S, hd]
-        q, key_mask = kv.spread(q), kv.spread(key_mask, True)
+        q, key_mask, visible = kv.spread(q), kv.spread(key_mask, True), kv.spread(visible, True)
         key_index = kv.spread(key_index) if isinstance(key_index, torch.Tensor) else key_index
-    if isinstance(key_index, slice):  # one contiguous run of slots for every row: a view, no gather, no mask
-        k, v, key_index = k[:, :, key_index], v[:, :, key_index], None
-    out = masked_attention(q, k, v, key_mask=key_mask, key_index=key_index)  # [B, H, N, hd]
+    if visible is not None:
+        out = pairwise_attention(q, k, v, visible, key_index)
+    else:
+        if isinstance(key_index, slice):  # one contiguous run of slots for every row: a view, no gather, no mask
+            k, v, key_index = k[:, :, key_index], v[:, :, key_index], None
+        out = masked_attention(q, k, v, key_mask=key_mask, key_index=key_index)  # [B, H, N, hd]
     if kv is not None:
         out = kv.own_rows(out)
     b, n_heads, n_q, hd = out.shape
     return out.transpose(1, 2).reshape(b, n_q, n_heads * hd)
+
+
+def pairwise_attention(
+    q: torch.Tensor,  # [B, H, N, hd]
+    k: torch.Tensor,  # [B, Hk, S, hd]
+    v: torch.Tensor,
+    visible: torch.Tensor,  # [B, 1, N, S or W] bool, True = the query sees the key
+    key_index: torch.Tensor | slice | None = None,  # [B, W] keys to gather, or one run of them
+) -> torch.Tensor:  # [B, H, N, hd]
+    """GQA attention under a per-query mask (PyTorch SDPA; its GQA broadcast, no K/V copies). A query that sees no
+    key gets zeros, never NaN (as ``kernels.attention_reference``)."""
+    if isinstance(key_index, slice):
+        k, v = k[:, :, key_index], v[:, :, key_index]
+    elif key_index is not None:
+        k, v = gather_keys(k, key_index), gather_keys(v, key_index)
+    gqa = q.shape[1] != k.shape[1]
+    out = nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=visible, enable_gqa=gqa)
+    return torch.where(visible.any(-1, keepdim=True), out, torch.zeros_like(out))
+
+
+def slot_ids(slots: Index | None, shape: tuple[int, int], device: torch.device) -> torch.Tensor:  # [B or 1, Q]
+    """The canvas slots of a forward's ``shape`` = (B, Q) computed rows: ``slots`` as ids (None: 0 .. Q-1)."""
+    if isinstance(slots, torch.Tensor):
+        return slots
+    start = 0 if slots is None else slots.start or 0
+    return torch.arange(start, start + shape[1], device=device)[None]
+
+
+def answer_block_mask(
+    rule: AnswerBlocks,
+    shape: tuple[int, int],  # (B, Q): the forward's rows and computed slots
+    slots: Index | None,
+    kv: KVAccess | None,
+    key_mask: torch.Tensor | None,  # [B, S] over the attended keys ([B, W] with key_index), True = visible
+    key_index: torch.Tensor | slice | None,
+    device: torch.device,
+) -> torch.Tensor:  # [B, 1, Q, S or W] bool
+    """Who sees whom in one forward under ``rule``, with the key-padding mask: queries are the computed slots; keys
+    the store's slots 0 .. T-1 (with a store) or the computed slots (without), narrowed by ``key_index`` (a run or
+    [B, W] ids into them) as the attention narrows them."""
+    q_slots = slot_ids(slots, shape, device)  # [B or 1, Q]
+    k_slots = q_slots if kv is None else torch.arange(kv.store.keys(0).shape[2], device=device)[None]
+    if isinstance(key_index, slice):
+        k_slots = k_slots[:, key_index]
+    elif key_index is not None:
+        k_slots = k_slots.expand(key_index.shape[0], -1).gather(1, key_index)  # [B, W]
+    vis = rule.visible(q_slots, k_slots)[:, None]  # [B or 1, 1, Q, S]
+    if key_mask is not None:
+        vis = vis & key_mask[:, None, None, :]
+    return vis.expand(shape[0], -1, -1, -1)
+
+
+def forward_visibility(
+    rule: AnswerBlocks | None,
+    visible: torch.Tensor | None,
+    layers: Any,
+    shape: tuple[int, int],
+    slots: Index | None,
+    kv: KVAccess | None,
+    key_mask: torch.Tensor | None,
+    key_index: torch.Tensor | slice | None,
+    device: torch.device,
+) -> torch.Tensor | None:  # [B, 1, Q, S] bool, or None: the plain key mask
+    """The per-query mask a ``hidden_states`` call attends under: ``visible`` as given (the official forward's 4D
+    mask), else ``rule``'s (``answer_block_mask``), else None. The depth-aware layers take neither."""
+    if rule is None and visible is None:
+        return None
+    if layers is not None:
+        raise ValueError(
+            "answer_blocks: the depth-aware layers (Elastic-Cache's DepthProgram, layers=...) take no attention "
+            "rule; use answer_blocks with another cache (none, prefix, dual, dkv_*, window)"
+        )
+    if rule is not None and visible is not None:
+        raise ValueError("hidden_states: give answer_blocks or visible, not both")
+    return visible if visible is not None else answer_block_mask(rule, shape, slots, kv, key_mask, key_index, device)
+
+
+def pairwise_mask(mask: torch.Tensor, batch: int, length: int) -> torch.Tensor:  # [B, 1, T, T] bool
+    """An official forward's 4D ``attention_mask`` [B or 1, 1, T, T] as a bool mask: True where the query may look
+    (bool as is; an additive float mask: its zeros, the hidden entries being -inf or the dtype's lowest value)."""
+    if mask.dim() != 4 or mask.shape[1:] != (1, length, length) or mask.shape[0] not in (1, batch):
+        raise ValueError(
+            f"attention_mask: a 4D mask must be [{batch} or 1, 1, {length}, {length}], got {tuple(mask.shape)}"
+        )
+    if mask.dtype == torch.bool:
+        return mask.expand(batch, -1, -1, -1)
+    if not mask.is_floating_point() or not bool(((mask == 0) | (mask <= torch.finfo(mask.dtype).min)).all()):
+        raise ValueError(
+            "attention_mask: a 4D mask is bool (True = visible) or additive float (0 = visible, -inf = hidden); "
+            f"got {mask.dtype} with other values"
+        )
+    return (mask == 0).expand(batch, -1, -1, -1)
+
+
+def query_rows(visible: torch.Tensor | None, rows: Index | None) -> torch.Tensor | None:  # [B, 1, N, S]
+    """The query ``rows`` of a [B, 1, Q, S] mask (None stays None)."""
+    return None if visible is None else take_rows(visible, rows, 2)
 
 
 def layer_output(
@@ -198,12 +307,13 @@ def layer_forward(
     key_index: torch.Tensor | slice | None,
     rows: Index | None = None,  # query rows whose output is wanted (``take_rows``); None: all
     pieces: EagerLayers = EAGER,
+    visible: torch.Tensor | None = None,  # [B, 1, Q, S] bool per query (``forward_visibility``); None: key_mask
 ) -> torch.Tensor:  # [B, Q, d] ([B, N, d] with rows)
     """One pre-norm transformer layer: ``layer_input``, ``attend``, ``layer_output``. ``pieces`` runs the first and
     the last, eagerly or compiled (``compiled.CompiledLayers``); the attention and the store always run eagerly.
     With ``rows``, K/V come from every row of ``h`` but only those rows are queried and go through the MLP."""
     q, k, v = pieces.input(block, h, cos, sin, rows)
-    attn = attend(q, k, v, layer, kv, slots, key_mask, key_index)
+    attn = attend(q, k, v, layer, kv, slots, key_mask, key_index, query_rows(visible, rows))
     return pieces.output(block, attn, h, rows)
 
 
@@ -276,11 +386,15 @@ class DiffusionLMMixin:
         key_index: torch.Tensor | None = None,
         rows: Index | None = None,
         layers: Any = None,
+        answer_blocks: AnswerBlocks | None = None,
+        visible: torch.Tensor | None = None,
     ) -> torch.Tensor:  # [B, Q, d] ([B, N, d] with rows), after the final norm
         """Hidden states of the query slots; ``rows`` (a slice or [B, N] ids into Q): only those are returned, and
         the last layer runs its attention output and MLP for them alone (its K/V still come from every row).
         ``layers`` (a ``depth.DepthProgram``): the layer loop is ``layers.run`` (its compute set may widen per
-        layer), the rest as usual."""
+        layer), the rest as usual. ``answer_blocks`` (bidirectional models): every layer attends under D2F's rule
+        on top of ``key_mask`` (``forward_visibility``); ``visible`` [B, 1, Q, S] bool: that mask given outright
+        instead of ``key_mask`` (the official forward's 4D mask)."""
         raise NotImplementedError
 
     def output_logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -303,6 +417,7 @@ class DiffusionLMMixin:
         read: torch.Tensor | None = None,  # [B, N] region offsets whose logits are wanted; None: all of the region
         layers: Any = None,  # a ``depth.DepthProgram``: the layers run depth-aware (Elastic-Cache); None: plainly
         block_length: int | None = None,  # block-causal models: the attention's block on the absolute position grid
+        answer_blocks: AnswerBlocks | None = None,  # bidirectional models: D2F's answer-block rule; None: plain
     ) -> torch.Tensor:  # [B, R, V] logits; logits[:, j] predicts slot region[0] + j
         """Compute hidden states at ``compute`` slots and return aligned logits for slots ``[r0, r1)``.
 
@@ -312,7 +427,11 @@ class DiffusionLMMixin:
         behind them alone go through the last layer's attention output and MLP, the final norm and the LM head.
         ``store``: the K/V store, with the forward's rows of it and whether it is written (a ``KVAccess``).
         ``block_length``: for a block-causal model (``block_causal``), a query sees its own block and the earlier ones
-        of the absolute position grid; None on the bidirectional models.
+        of the absolute position grid; None on the bidirectional models. ``answer_blocks`` (a ``visibility.
+        AnswerBlocks``): on the bidirectional models, a query sees a key iff the key's block (the prompt, then the
+        answer blocks) is not after its own, on top of ``key_mask``; it holds on every path (computed slice or slot
+        ids, a store and the rows it spreads, a key run or gathered keys), except the depth-aware ``layers``
+        (ValueError). The attention then is PyTorch SDPA under a per-query mask, never the Triton kernel.
         """
         b, t = canvas.shape
         r0, r1 = region
@@ -336,6 +455,13 @@ class DiffusionLMMixin:
         kw = {} if layers is None else {"layers": layers}
         if block_length is not None:  # only block-causal models take it
             kw["block_length"] = block_length
+        if answer_blocks is not None:  # only the bidirectional ones take it
+            if self.block_causal:
+                raise ValueError(
+                    f"answer_blocks: {type(self).__name__} is block-causal already (its rule is block_length on the "
+                    "absolute position grid); answer_blocks is for the bidirectional models (LLaDA, Dream, LLaDA-MoE)"
+                )
+            kw["answer_blocks"] = answer_blocks
         hid = self.hidden_states(ids, pos, kv=kv, slots=slots, key_mask=key_mask, key_index=key_index, rows=rows, **kw)
         logits = self.output_logits(hid)  # [B, R, V] or [B, N, V]
         if read is None:

@@ -25,7 +25,16 @@ from torch import nn
 from transformers import PretrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import MaskedLMOutput
 
-from dlm_decode.models.common import EAGER, DiffusionLMMixin, RMSNorm, end_ids, layer_forward, rope_cos_sin
+from dlm_decode.models.common import (
+    EAGER,
+    DiffusionLMMixin,
+    RMSNorm,
+    end_ids,
+    forward_visibility,
+    layer_forward,
+    pairwise_mask,
+    rope_cos_sin,
+)
 from dlm_decode.models.depth import run_program
 from dlm_decode.models.schema import (
     ConfigSchema,
@@ -203,9 +212,10 @@ class DreamLayer(nn.Module):
     def feed_forward(self, m: torch.Tensor) -> torch.Tensor:
         return self.mlp(m)
 
-    def forward(self, h, cos, sin, layer, kv, slots, key_mask, key_index, rows=None, pieces=EAGER):  # h [B, Q, d]
-        """[B, Q, d], or [B, N, d] for the query ``rows`` only (``common.take_rows``; K/V from every row)."""
-        return layer_forward(self, h, cos, sin, layer, kv, slots, key_mask, key_index, rows, pieces)
+    def forward(self, h, cos, sin, layer, kv, slots, key_mask, key_index, rows=None, pieces=EAGER, visible=None):
+        """h [B, Q, d] -> [B, Q, d], or [B, N, d] for the query ``rows`` only (``common.take_rows``; K/V from every
+        row); ``visible``: a per-query mask [B, 1, Q, S] in place of ``key_mask`` (``common.forward_visibility``)."""
+        return layer_forward(self, h, cos, sin, layer, kv, slots, key_mask, key_index, rows, pieces, visible)
 
 
 class DreamBaseModel(nn.Module):
@@ -255,19 +265,32 @@ class DreamModel(DiffusionLMMixin, PreTrainedModel):
         return c.num_hidden_layers, c.num_key_value_heads, c.hidden_size // c.num_attention_heads
 
     def hidden_states(
-        self, input_ids, positions, *, kv=None, slots=None, key_mask=None, key_index=None, rows=None, layers=None
+        self,
+        input_ids,
+        positions,
+        *,
+        kv=None,
+        slots=None,
+        key_mask=None,
+        key_index=None,
+        rows=None,
+        layers=None,
+        answer_blocks=None,
+        visible=None,
     ):
         c = self.config
         hd = c.hidden_size // c.num_attention_heads
         h = self.model.embed_tokens(input_ids)
         pieces = self.layer_pieces
+        shape = tuple(input_ids.shape)
+        mask = forward_visibility(answer_blocks, visible, layers, shape, slots, kv, key_mask, key_index, h.device)
         if layers is not None:  # Elastic-Cache's depth-aware loop (``depth.DepthProgram``)
             rope = partial(rope_cos_sin, head_dim=hd, theta=c.rope_theta)
             return self.model.norm(run_program(layers, self.model.layers, h, rope, kv, slots, key_mask, rows, pieces))
         cos, sin = rope_cos_sin(positions, hd, c.rope_theta)
         last = len(self.model.layers) - 1
         for i, layer in enumerate(self.model.layers):
-            h = layer(h, cos, sin, i, kv, slots, key_mask, key_index, rows if i == last else None, pieces)
+            h = layer(h, cos, sin, i, kv, slots, key_mask, key_index, rows if i == last else None, pieces, mask)
         return self.model.norm(h)
 
     def output_logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -280,15 +303,15 @@ class DreamModel(DiffusionLMMixin, PreTrainedModel):
         position_ids: torch.Tensor | None = None,
         **_: object,
     ) -> MaskedLMOutput:
-        """Official semantics: ``attention_mask`` None/"full", a [B, T] key mask, or the [B, 1, T, T] pairwise mask."""
+        """Official semantics: ``attention_mask`` None/"full", a [B, T] key mask, or a 4D mask [B or 1, 1, T, T] (bool,
+        as the official pairwise m_i & m_j, or additive 0 / -inf, as D2F's block mask), applied per query. A query
+        that sees no key (a padded row of the pairwise mask, never read) gets a zero attention output, not NaN."""
         b, t = input_ids.shape
         if position_ids is None:
             position_ids = torch.arange(t, device=input_ids.device).expand(b, t)
-        key_mask = None
-        if isinstance(attention_mask, torch.Tensor):
-            m = attention_mask.bool()
-            # the pairwise mask m_i & m_j only differs from the key mask on padded query rows, whose outputs
-            # the official code never reads; the key mask (a padded row sees the valid keys) keeps them finite
-            key_mask = m[:, 0].any(-2) if m.dim() == 4 else m
+        if isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 4:
+            hid = self.hidden_states(input_ids, position_ids, visible=pairwise_mask(attention_mask, b, t))
+            return MaskedLMOutput(logits=self.lm_head(hid))
+        key_mask = attention_mask.bool() if isinstance(attention_mask, torch.Tensor) else None
         hid = self.hidden_states(input_ids, position_ids, key_mask=key_mask)
         return MaskedLMOutput(logits=self.lm_head(hid))

@@ -16,7 +16,15 @@ from torch import nn
 from transformers import PretrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import MaskedLMOutput
 
-from dlm_decode.models.common import EAGER, DiffusionLMMixin, RMSNorm, layer_forward, rope_cos_sin
+from dlm_decode.models.common import (
+    EAGER,
+    DiffusionLMMixin,
+    RMSNorm,
+    forward_visibility,
+    layer_forward,
+    pairwise_mask,
+    rope_cos_sin,
+)
 from dlm_decode.models.depth import run_program
 from dlm_decode.models.schema import (
     ConfigSchema,
@@ -203,9 +211,10 @@ class LLaDABlock(nn.Module):
     def feed_forward(self, m: torch.Tensor) -> torch.Tensor:
         return self.ff_out(nn.functional.silu(self.ff_proj(m)) * self.up_proj(m))
 
-    def forward(self, h, cos, sin, layer, kv, slots, key_mask, key_index, rows=None, pieces=EAGER):  # h [B, Q, d]
-        """[B, Q, d], or [B, N, d] for the query ``rows`` only (``common.take_rows``; K/V from every row)."""
-        return layer_forward(self, h, cos, sin, layer, kv, slots, key_mask, key_index, rows, pieces)
+    def forward(self, h, cos, sin, layer, kv, slots, key_mask, key_index, rows=None, pieces=EAGER, visible=None):
+        """h [B, Q, d] -> [B, Q, d], or [B, N, d] for the query ``rows`` only (``common.take_rows``; K/V from every
+        row); ``visible``: a per-query mask [B, 1, Q, S] in place of ``key_mask`` (``common.forward_visibility``)."""
+        return layer_forward(self, h, cos, sin, layer, kv, slots, key_mask, key_index, rows, pieces, visible)
 
 
 class LLaDAModel(nn.Module):
@@ -248,19 +257,32 @@ class LLaDAModelLM(DiffusionLMMixin, PreTrainedModel):
         return c.n_layers, c.n_kv_heads, c.d_model // c.n_heads
 
     def hidden_states(
-        self, input_ids, positions, *, kv=None, slots=None, key_mask=None, key_index=None, rows=None, layers=None
+        self,
+        input_ids,
+        positions,
+        *,
+        kv=None,
+        slots=None,
+        key_mask=None,
+        key_index=None,
+        rows=None,
+        layers=None,
+        answer_blocks=None,
+        visible=None,
     ):
         t = self.model.transformer
         hd = self.config.d_model // self.config.n_heads
         h = t.wte(input_ids)
         pieces = self.layer_pieces
+        shape = tuple(input_ids.shape)
+        mask = forward_visibility(answer_blocks, visible, layers, shape, slots, kv, key_mask, key_index, h.device)
         if layers is not None:  # Elastic-Cache's depth-aware loop (``depth.DepthProgram``)
             rope = partial(rope_cos_sin, head_dim=hd, theta=self.config.rope_theta)
             return t.ln_f(run_program(layers, t.blocks, h, rope, kv, slots, key_mask, rows, pieces))
         cos, sin = rope_cos_sin(positions, hd, self.config.rope_theta)
         last = len(t.blocks) - 1
         for i, block in enumerate(t.blocks):
-            h = block(h, cos, sin, i, kv, slots, key_mask, key_index, rows if i == last else None, pieces)
+            h = block(h, cos, sin, i, kv, slots, key_mask, key_index, rows if i == last else None, pieces, mask)
         return t.ln_f(h)
 
     def output_logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -276,9 +298,14 @@ class LLaDAModelLM(DiffusionLMMixin, PreTrainedModel):
         position_ids: torch.Tensor | None = None,
         **_: object,
     ) -> MaskedLMOutput:
+        """Official logits. ``attention_mask``: None (full attention), a [B, T] key-padding mask, or a 4D mask
+        [B or 1, 1, T, T] (additive 0 / -inf, or bool; D2F's block mask, ``visibility``)."""
         b, t = input_ids.shape
         if position_ids is None:
             position_ids = torch.arange(t, device=input_ids.device).expand(b, t)
+        if attention_mask is not None and attention_mask.dim() == 4:
+            hid = self.hidden_states(input_ids, position_ids, visible=pairwise_mask(attention_mask, b, t))
+            return MaskedLMOutput(logits=self.output_logits(hid))
         key_mask = None if attention_mask is None else attention_mask.bool()
         hid = self.hidden_states(input_ids, position_ids, key_mask=key_mask)
         return MaskedLMOutput(logits=self.output_logits(hid))

@@ -51,8 +51,11 @@ from dlm_decode.models.common import (
     RMSNorm,
     attend,
     end_ids,
+    forward_visibility,
     layer_forward,
     layer_output,
+    pairwise_mask,
+    query_rows,
     rope_cos_sin,
 )
 from dlm_decode.models.depth import run_program
@@ -310,14 +313,15 @@ class LLaDAMoELayer(nn.Module):
             out = out + self.shared_expert(m)
         return out
 
-    def forward(self, h, cos, sin, layer, kv, slots, key_mask, key_index, rows=None, pieces=EAGER):  # h [B, Q, d]
-        """[B, Q, d], or [B, N, d] for the query ``rows`` only (``common.take_rows``; K/V from every row).
-        ``common.layer_forward``, except that a sparse layer's output piece always runs eagerly: its routed experts
-        count their tokens on the host (``moe.SparseMoE._looped``), which no compiled graph can hold."""
+    def forward(self, h, cos, sin, layer, kv, slots, key_mask, key_index, rows=None, pieces=EAGER, visible=None):
+        """h [B, Q, d] -> [B, Q, d], or [B, N, d] for the query ``rows`` only (``common.take_rows``; K/V from every
+        row); ``visible``: a per-query mask [B, 1, Q, S] in place of ``key_mask``. ``common.layer_forward``, except
+        that a sparse layer's output piece always runs eagerly: its routed experts count their tokens on the host
+        (``moe.SparseMoE._looped``), which no compiled graph can hold."""
         if not isinstance(self.mlp, LLaDAMoESparseBlock):
-            return layer_forward(self, h, cos, sin, layer, kv, slots, key_mask, key_index, rows, pieces)
+            return layer_forward(self, h, cos, sin, layer, kv, slots, key_mask, key_index, rows, pieces, visible)
         q, k, v = pieces.input(self, h, cos, sin, rows)
-        attn = attend(q, k, v, layer, kv, slots, key_mask, key_index)
+        attn = attend(q, k, v, layer, kv, slots, key_mask, key_index, query_rows(visible, rows))
         return layer_output(self, attn, h, rows)
 
 
@@ -387,18 +391,31 @@ class LLaDAMoEModelLM(DiffusionLMMixin, PreTrainedModel):
         return c.num_hidden_layers, c.num_key_value_heads, c.head_dim
 
     def hidden_states(
-        self, input_ids, positions, *, kv=None, slots=None, key_mask=None, key_index=None, rows=None, layers=None
+        self,
+        input_ids,
+        positions,
+        *,
+        kv=None,
+        slots=None,
+        key_mask=None,
+        key_index=None,
+        rows=None,
+        layers=None,
+        answer_blocks=None,
+        visible=None,
     ):
         c = self.config
         h = self.model.embed_tokens(input_ids)
         pieces = self.layer_pieces
+        shape = tuple(input_ids.shape)
+        mask = forward_visibility(answer_blocks, visible, layers, shape, slots, kv, key_mask, key_index, h.device)
         if layers is not None:  # Elastic-Cache's depth-aware loop (``depth.DepthProgram``)
             rope = partial(rope_cos_sin, head_dim=c.rotary_dim, theta=c.rope_theta)
             return self.model.norm(run_program(layers, self.model.layers, h, rope, kv, slots, key_mask, rows, pieces))
         cos, sin = rope_cos_sin(positions, c.rotary_dim, c.rope_theta)
         last = len(self.model.layers) - 1
         for i, layer in enumerate(self.model.layers):
-            h = layer(h, cos, sin, i, kv, slots, key_mask, key_index, rows if i == last else None, pieces)
+            h = layer(h, cos, sin, i, kv, slots, key_mask, key_index, rows if i == last else None, pieces, mask)
         return self.model.norm(h)
 
     def output_logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -411,10 +428,14 @@ class LLaDAMoEModelLM(DiffusionLMMixin, PreTrainedModel):
         position_ids: torch.Tensor | None = None,
         **_: object,
     ) -> MaskedLMOutput:
-        """Official semantics: ``attention_mask`` None (full attention) or a [B, T] key-padding mask."""
+        """Official semantics: ``attention_mask`` None (full attention) or a [B, T] key-padding mask; also a 4D mask
+        [B or 1, 1, T, T] (additive 0 / -inf, or bool; D2F's block mask, ``visibility``)."""
         b, t = input_ids.shape
         if position_ids is None:
             position_ids = torch.arange(t, device=input_ids.device).expand(b, t)
+        if attention_mask is not None and attention_mask.dim() == 4:
+            hid = self.hidden_states(input_ids, position_ids, visible=pairwise_mask(attention_mask, b, t))
+            return MaskedLMOutput(logits=self.output_logits(hid))
         key_mask = None if attention_mask is None else attention_mask.bool()
         hid = self.hidden_states(input_ids, position_ids, key_mask=key_mask)
         return MaskedLMOutput(logits=self.output_logits(hid))
