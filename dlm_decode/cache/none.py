@@ -19,6 +19,6 @@ class NoCache(CachePolicy):
     block_causal_rule: ClassVar[bool] = True
 
     def plan(self, state: DecodeState, region: tuple[int, int]) -> StepPlan:
-        if state.inputs.block_causal:  # later blocks are invisible: the window up to the block's end, as the reference
-            return block_causal_window(state, region)
+        if state.inputs.block_causal or state.inputs.answer_blocks is not None:  # later blocks are invisible: the
+            return block_causal_window(state, region)  # window up to the block's end, as the references
         return full_plan(state)

@@ -106,8 +106,10 @@ def keys_from_mask(keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def block_causal_window(state: DecodeState, region: tuple[int, int]) -> StepPlan:
-    """No cache on a block-causal model: every slot up to the widest block end (later blocks are invisible to it)."""
-    return StepPlan(compute=slice(0, region[1]), key_mask=state.key_mask(), refresh=True)
+    """No cache on a block-causal model (or D2F's attention): every slot up to the widest block end (later blocks are
+    invisible to it)."""
+    km = state.key_mask()
+    return StepPlan(compute=slice(0, region[1]), key_mask=None if km is None else km[:, : region[1]], refresh=True)
 
 
 def exact_block_plan(state: DecodeState, region: tuple[int, int]) -> StepPlan:
@@ -120,4 +122,24 @@ def exact_block_plan(state: DecodeState, region: tuple[int, int]) -> StepPlan:
         grid_start = (grid_start - state.block_length).clamp(min=0) if state.block_index else grid_start * 0
     idx = slots(state)[None, :]
     need = (idx >= grid_start[:, None]) & (idx < end[:, None])  # [B, T]
+    return StepPlan(compute=compute_from_mask(need, state, region), key_mask=state.key_mask())
+
+
+def exact_tracked_plan(state: DecodeState, region: tuple[int, int], key: str = "prefix/exact") -> StepPlan:
+    """The exact cache under block-causal attention with several blocks in flight (a block-causal model, or D2F's
+    attention, ``core.frontier``) or D2F's attention block by block: each row recomputes from the first slot whose
+    stored K/V may be stale to the end of its last open block. K/V a forward writes are final for the blocks that,
+    with every block before them, had no MASK at that forward (nothing they see changes any more), so the next
+    step starts at the row's first block that still had one (D2F: a finished block is cached once every earlier
+    block is done, written by the next step's forward, no extra forward). Dream's shift: the slot before that block
+    is recomputed too (its hidden state predicts the block's first slot; its K/V are final, so rewriting them
+    changes nothing). ``state.scratch[key]``: [B] the slot up to which the store is final."""
+    starts = block_starts(state)  # [B] each row's first open block with a MASK
+    exact = state.scratch.get(key)
+    if exact is None:
+        exact = torch.zeros_like(starts)  # the first forward computes everything up to the open blocks' end
+    lo = torch.minimum(exact, starts - state.logit_shift).clamp(min=0)
+    idx = slots(state)[None, :]
+    need = (idx >= lo[:, None]) & (idx < state.block_end[:, None])  # [B, T]
+    state.scratch[key] = torch.maximum(exact, starts)
     return StepPlan(compute=compute_from_mask(need, state, region), key_mask=state.key_mask())

@@ -19,6 +19,9 @@ On a block-causal model (LLaDA2) the same name is the **exact** cache of finishe
 the default there): every step computes the current grid block against the stored earlier blocks, and a block's
 first step also recomputes the previous block, so its final K/V are written without the extra forward per block
 that dInfer's and SDAR's cached loops spend. Same tokens and no more forwards than the uncached reference.
+With several blocks in flight (``core.frontier``), and on a bidirectional model under D2F's attention
+(``DecodeConfig.attention``), it is exact the same way (``plans.exact_tracked_plan``): each step recomputes from
+the first block whose K/V may still change to the end of the row's last open block.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from dlm_decode.cache.plans import (
     block_starts,
     compute_from_mask,
     exact_block_plan,
+    exact_tracked_plan,
     full_plan,
     refresh_due,
     region_mask,
@@ -59,6 +63,8 @@ class PrefixCache(CachePolicy):
             )
 
     def plan(self, state: DecodeState, region: tuple[int, int]) -> StepPlan:
+        if state.cursor.frontier is not None or state.inputs.answer_blocks is not None:
+            return exact_tracked_plan(state, region)  # several blocks in flight, or D2F's attention: exact
         if state.inputs.block_causal:
             return exact_block_plan(state, region)
         if refresh_due(state, self.refresh_interval):

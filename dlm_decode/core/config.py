@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 from dlm_decode.options import is_int, is_real
 
+ATTENTIONS = (None, "answer_block_causal")  # the model's own, or D2F's answer-block-causal pattern
+
 
 @dataclass(frozen=True)
 class DecodeConfig:
@@ -24,6 +26,10 @@ class DecodeConfig:
     seed: seeds the ``torch.Generator`` for every random draw of the call.
     stop_at_eos: once a row has committed EOS with everything before it decoded, fill the rest with EOS.
     cfg_scale: classifier-free guidance (LLaDA): ``un + (cfg + 1) * (cond - un)`` with the prompt masked in ``un``.
+    attention: None (the model's own) or ``"answer_block_causal"``: D2F's pattern on a bidirectional model (LLaDA,
+        Dream, LLaDA-MoE): the prompt one bidirectional block, the answer in blocks of ``block_length`` from the
+        prompt's end, each seeing the prompt, the earlier blocks and itself (``models.visibility``); the ``prefix``
+        cache is then exact, as on block-causal models.
     """
 
     gen_length: int = 128
@@ -35,6 +41,7 @@ class DecodeConfig:
     seed: int | None = None
     stop_at_eos: bool = False
     cfg_scale: float = 0.0
+    attention: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("gen_length", "block_length", "steps", "top_k", "seed", "temperature", "top_p", "cfg_scale"):
@@ -57,6 +64,9 @@ class DecodeConfig:
             raise ValueError(f"stop_at_eos must be True or False, got {self.stop_at_eos!r}")
         if not is_real(self.cfg_scale) or self.cfg_scale < 0:
             raise ValueError(f"cfg_scale must be >= 0, got {self.cfg_scale!r}")
+        if self.attention not in ATTENTIONS:
+            allowed = ", ".join(repr(a) for a in ATTENTIONS)
+            raise ValueError(f"attention must be one of {allowed}, got {self.attention!r}")
 
 
 def _plain(cfg: DecodeConfig, name: str) -> None:

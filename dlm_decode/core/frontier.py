@@ -22,6 +22,9 @@ d3LLM function's default; D2F's reference always stops). Differences, on purpose
 (D2F LLaDA hard-codes 126081, D2F Dream and d3LLM take the tokenizer's EOS); we look for every end id of the model
 (``DecodeState.eos_ids``) and fill with the call's fill id.
 
+A block-causal model (LLaDA2, SDAR) never opens a block after an end id, as block by block (``decode.blocks``), and
+its answer ends at the first end id (every later slot gets the fill id once the row is done).
+
 Grid: on a bidirectional model (and D2F's attention mode) answer block k is ``[P + kB, P + (k+1)B)`` in canvas slots
 (``P``: the common prompt length; rows are left-padded, so the grid is the same for every row). On a block-causal
 model (LLaDA2, SDAR) the blocks are the row's own grid blocks from the one holding its prompt's end (its first block
@@ -118,9 +121,9 @@ def update(state: DecodeState, cut) -> None:
     rule = frontier.rule
     live = ~state.finished
     hit, first_eos = _first_eos(state)
-    if rule.early_stop:
-        if rule.selection == "global":  # d3LLM: everything after the first end id becomes the fill id
-            cut(state, torch.where(hit & live, first_eos + 1, -1))
+    if rule.early_stop and rule.selection == "global":  # d3LLM: everything after the first end id is the fill id
+        cut(state, torch.where(hit & live, first_eos + 1, -1))
+    if rule.early_stop or state.inputs.block_causal:  # block-causal models stop after their EOS block anyway
         frontier.closed |= hit
     share = shares(state, frontier)  # [B, N]
     last = (frontier.opened - 1).clamp(min=0)

@@ -44,6 +44,8 @@ class DecodeInputs:
     # and a row stops after the block that holds its first EOS (``decode.blocks``)
     block_causal: bool = False
     grid_offset: torch.Tensor | None = None  # [B] slot of position 0 in each row (its left padding)
+    # D2F's attention on a bidirectional model (``DecodeConfig.attention``): a ``models.visibility.AnswerBlocks``
+    answer_blocks: Any = None
 
 
 @dataclass

@@ -153,6 +153,8 @@ def run_model(
     kv = None if store is None else KVAccess(store, rows=store_rows, write=plan.write)  # this forward's use of it
     graphs = active_graphs(model)  # ``models.graphs``: a fixed-shape step replayed as a CUDA graph
     blocks = {"block_length": state.block_length} if state.inputs.block_causal else {}  # block-causal mask
+    if state.inputs.answer_blocks is not None:  # D2F's attention on a bidirectional model
+        blocks = {"answer_blocks": state.inputs.answer_blocks}
     if plan.layers is not None:  # Elastic-Cache's depth-aware layers: eager, their compute set moves per layer
         logits = model.denoise(
             canvas, pos, compute=compute, region=region, store=kv, key_mask=km, key_index=ki, layers=plan.layers

@@ -100,10 +100,13 @@ def advance(unit: Unit) -> bool:
 def end_block(state: DecodeState) -> None:
     """The block is done: block-causal rows with an EOS stop, and the cursor moves past the block (past every
     block, with several in flight: they are all done)."""
-    if state.inputs.block_causal:
+    if state.cursor.frontier is not None:  # every block is done: the rows end here (block-causal: at the first EOS)
+        if state.inputs.block_causal:
+            state.finished.zero_()  # every row's answer ends at its first EOS, whenever the row finished
+            stop_after_eos_block(state)
+        state.finished.fill_(True)
+    elif state.inputs.block_causal:
         stop_after_eos_block(state)
-    if state.cursor.frontier is not None:
-        state.finished |= True
     state.cursor.next_start = torch.maximum(state.cursor.block_end, state.cursor.next_start)
     state.cursor.block_index += 1
 

@@ -42,7 +42,7 @@ def merge_key(model: Any, unit: Unit, pending: Pending) -> tuple | None:
     narrowed_rows = pending.narrow is not None and pending.narrow.rows is not None
     if plan.key_index is not None or fixed_shapes(model) or narrowed_rows:
         return None
-    block = state.block_length if state.inputs.block_causal else None
+    block = state.block_length if state.inputs.block_causal else state.inputs.answer_blocks
     if unit.store is None:
         c0, _, _ = _span(plan.compute, state.total_length)
         return None if c0 != 0 else ("none", block)  # without a store: a prefix of the canvas, keys = computed
@@ -151,6 +151,8 @@ def _shared_logits(model: Any, items: list[Item], arena: Arena | None, stored: b
     first = items[0][0].state
     if first.inputs.block_causal:
         kw["block_length"] = first.block_length
+    if first.inputs.answer_blocks is not None:  # the units agree on it (``merge_key``)
+        kw["answer_blocks"] = first.inputs.answer_blocks
     if stored:
         comp = []
         for unit, pending in items:

@@ -12,6 +12,7 @@ from dlm_decode.core.inputs import build_canvas
 from dlm_decode.core.state import BlockCursor, DecodeInputs, DecodeState, DecodeStats
 from dlm_decode.decode.blocks import grid_lengths
 from dlm_decode.decode.request import Request
+from dlm_decode.models.visibility import AnswerBlocks
 
 END_OF_TURN_TOKENS = ("<|endoftext|>", "<|eot_id|>", "<|im_end|>")  # LLaDA, LLaDA-Instruct, Dream-Instruct
 
@@ -72,6 +73,7 @@ def prepare(
         logit_shift=int(getattr(model, "logit_shift", 0)),
         block_causal=block_causal,
         grid_offset=torch.tensor([p - len(r) for r in rows], device=device) if block_causal else None,
+        answer_blocks=AnswerBlocks(p, req.block_length) if cfg.attention == "answer_block_causal" else None,
     )
     state = DecodeState(
         inputs=inputs,
