@@ -146,6 +146,13 @@ def add_decoding_args(p: argparse.ArgumentParser, *, task_lengths: bool = False)
         "checkpoint, as its diffusion_generate, unless its config.json sets top_k; none otherwise)",
     )
     g.add_argument("--cfg-scale", type=float, default=0.0, help="classifier-free guidance scale (LLaDA)")
+    g.add_argument(
+        "--attention",
+        default=None,
+        choices=["answer_block_causal"],
+        help="D2F's attention on LLaDA / Dream: the prompt one block, the answer in blocks that see the prompt, the "
+        "earlier blocks and themselves (default: the model's own; the d2f presets set it)",
+    )
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--stop-at-eos", action="store_true", help="stop a row at its first EOS (rest filled with EOS)")
     g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
@@ -173,25 +180,27 @@ def decoding_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     options = parse_kv(args.sampler_opt)
     preset = get_preset(args.preset) if getattr(args, "preset", None) else None
     overrides: dict[str, Any] = {}
-    sampling: dict[str, Any] = {}  # a preset's published temperature / top-p, for the flags left unset
+    sampling: dict[str, Any] = {}  # a preset's published temperature / top-p / attention, for the flags left unset
+    cache, cache_options = args.cache, parse_kv(args.cache_opt)
     if preset is not None:
         if args.sampler is not None and args.sampler != preset.sampler:
             raise ValueError(f"--preset {preset.name} decodes with {preset.sampler!r}; drop --sampler {args.sampler}")
         given = {k: getattr(args, k) for k in ("gen_length", "block_length", "steps") if getattr(args, k) is not None}
         resolved = preset.generate_kwargs(options, **given)  # the preset's steps follow an overridden gen length
         options = resolved["sampler_options"]
-        sampling = {k: resolved[k] for k in ("temperature", "top_p") if k in resolved}
+        sampling = {k: resolved[k] for k in ("temperature", "top_p", "attention") if k in resolved}
+        if cache is None and resolved.get("cache"):  # the preset's cache, its options under the given ones
+            cache, cache_options = resolved["cache"], resolved["cache_options"] | cache_options
         if args._preset_lengths:  # commands with their own lengths (ParallelBench) keep them
             overrides = {k: resolved[k] for k in ("gen_length", "block_length", "steps") if k in resolved}
     # unset: the checkpoint's (``check_request``), else DecodeConfig's 128; ParallelBench: each task's
     gen_length = args.gen_length if args.gen_length is not None else overrides.get("gen_length")
     sampler = preset.sampler if preset else (args.sampler or "low_confidence")
-    cache_options = parse_kv(args.cache_opt)
     kw = dict(
         sampler=sampler,
         sampler_options=typed(get_sampler(sampler, options), options),
-        cache=args.cache,
-        cache_options=typed(get_cache(args.cache, cache_options), cache_options) if args.cache else cache_options,
+        cache=cache,
+        cache_options=typed(get_cache(cache, cache_options), cache_options) if cache else cache_options,
         block_length=args.block_length if args.block_length is not None else overrides.get("block_length"),
         steps=args.steps if args.steps is not None else overrides.get("steps"),
         temperature=args.temperature if args.temperature is not None else sampling.get("temperature", 0.0),
@@ -200,6 +209,7 @@ def decoding_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         seed=args.seed,
         stop_at_eos=args.stop_at_eos,
         cfg_scale=args.cfg_scale,
+        attention=args.attention if args.attention is not None else sampling.get("attention"),
     )
     if gen_length is not None:
         kw["gen_length"] = gen_length

@@ -108,6 +108,13 @@ def _coerce(value: Any, tp: Any, key: str, owner: str) -> Any:
     return value
 
 
+_SEVERAL = (
+    " (several blocks in flight, D2F / d3LLM, are an option of threshold, entropy_threshold and low_confidence: the "
+    "other samplers decide over one block at a time)"
+)
+MISSING_HINTS = {"block_add_threshold": _SEVERAL, "decoded_token_threshold": _SEVERAL}  # why an option is absent
+
+
 def build(cls: type, options: dict[str, Any] | None, kind: str) -> Any:
     """Instantiate dataclass ``cls`` from ``options``; unknown keys and bad values raise ValueError."""
     name = getattr(cls, "name", cls.__name__)
@@ -121,7 +128,8 @@ def build(cls: type, options: dict[str, Any] | None, kind: str) -> Any:
     unknown = sorted(set(options) - set(fields))
     if unknown:
         valid = ", ".join(sorted(fields)) or "(none)"
-        raise ValueError(f"{kind} {name!r} has no option(s) {', '.join(unknown)}; valid options: {valid}")
+        why = MISSING_HINTS.get(next((k for k in unknown if k in MISSING_HINTS), ""), "")
+        raise ValueError(f"{kind} {name!r} has no option(s) {', '.join(unknown)}; valid options: {valid}{why}")
     hints = typing.get_type_hints(cls)
     kwargs = {k: _coerce(v, hints[k], k, f"{kind} {name!r}") for k, v in options.items()}
     return cls(**kwargs)

@@ -121,6 +121,40 @@ def check_counts(
     check_bounded(f"cache {pol.name!r}", pol, pol.count_bounds(block, block_steps, gen_length, prompt))
 
 
+EXACT_UNDER_BLOCKS = ("none", "prefix", "delayed")  # caches with a rule for D2F's attention / several open blocks
+
+
+def check_attention_and_blocks(
+    smp: Sampler, pol: CachePolicy, cfg: DecodeConfig, block_causal: bool, facts: ModelFacts | None
+) -> None:
+    """D2F's attention (``DecodeConfig.attention``) and several blocks in flight (``Sampler.multi_block``) against
+    the model and the cache: the attention applies to bidirectional models; both run with ``none``, ``prefix``
+    (exact under block-causal attention) and, on bidirectional models, ``delayed`` (d3LLM's)."""
+    answer = cfg.attention == "answer_block_causal"
+    if answer and block_causal:
+        model = facts.model_type if facts is not None else "this model"
+        raise ValueError(
+            f"attention='answer_block_causal' (D2F's) applies to bidirectional models (LLaDA, Dream, LLaDA-MoE); "
+            f"{model} is block-causal already, on its own grid: leave attention unset"
+        )
+    multi = smp.multi_block() is not None
+    if (answer or multi) and pol.name not in EXACT_UNDER_BLOCKS:
+        why = "attention='answer_block_causal'" if answer else f"{smp.name} with several blocks in flight"
+        raise ValueError(
+            f"cache {pol.name!r} does not apply to {why}; use one of: none, prefix (exact under block-causal "
+            "attention), delayed (d3LLM's, bidirectional models)"
+        )
+    if multi and pol.name == "prefix" and not (answer or block_causal):
+        raise ValueError(
+            f"cache 'prefix' with {smp.name} and several blocks in flight is exact only under block-causal attention: "
+            "set attention='answer_block_causal' (D2F), or use cache 'delayed' (d3LLM's) or 'none'"
+        )
+    if answer and pol.name == "prefix" and getattr(pol, "refresh_interval", None) is not None:
+        raise ValueError(
+            "cache 'prefix': refresh_interval does not apply under attention='answer_block_causal' (its cache is exact)"
+        )
+
+
 def check_request(
     facts: ModelFacts | None,
     rows: list[list[int]] | None = None,
@@ -155,6 +189,7 @@ def check_request(
     smp.check(cfg, num_blocks)
     pol.check(cfg, smp, facts)
     smp.check_cache(pol)
+    check_attention_and_blocks(smp, pol, cfg, block_causal, facts)
     if rows is not None or facts is not None:
         check_prompts(rows, facts, cfg.gen_length)
     block_steps = steps // num_blocks if smp.traits.fixed_budget else block

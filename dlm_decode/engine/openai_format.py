@@ -37,6 +37,7 @@ BODY_OPTIONS = {
     "block_length": "block_length",
     "steps": "steps",
     "stop_at_eos": "stop_at_eos",
+    "attention": "attention",
 }
 IGNORED = {"model", "user", "metadata"}
 NEUTRAL = {  # accepted only at the value that changes nothing

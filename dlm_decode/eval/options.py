@@ -6,6 +6,7 @@ Keys (lm-eval's own ``--batch_size``, ``--max_batch_size`` and ``--device`` flag
     sampler=NAME  sampler.KEY=VALUE ...      (or sampler_options=KEY:VALUE;KEY:VALUE, or a dict in Python)
     cache=NAME    cache.KEY=VALUE ...        (or cache_options=KEY:VALUE;KEY:VALUE)
     gen_length=N block_length=N steps=N temperature=T top_p=P top_k=K seed=S stop_at_eos=BOOL cfg_scale=S
+    attention=answer_block_causal
     chat=BOOL (alias apply_chat_template)    max_batch=N  max_length=N  stats_path=FILE  progress=BOOL
     mc_num=N  ll_method=auto|llada|dream  sampling_eps=E  greedy_check=BOOL
 
@@ -53,6 +54,7 @@ class EvalOptions:
     seed: int = 0
     stop_at_eos: bool = False
     cfg_scale: float = 0.0
+    attention: str | None = None  # "answer_block_causal": D2F's attention (``DecodeConfig.attention``)
     chat: bool = False  # wrap each plain-text context as one user turn of the chat template
     # likelihood (loglikelihood, loglikelihood_rolling)
     mc_num: int = 128
@@ -141,6 +143,7 @@ def decode_config(opts: EvalOptions, gen_length: int) -> DecodeConfig:
         seed=opts.seed,
         stop_at_eos=opts.stop_at_eos,
         cfg_scale=opts.cfg_scale,
+        attention=opts.attention,
     )
 
 

@@ -7,8 +7,9 @@ Each preset records where its numbers come from (paper table or reference script
 reference scripts run with (generation length, block length, step budget); override any of them with keywords,
 e.g. ``get_preset("fast_dllm_threshold").generate_kwargs(gen_length=64)``. A preset's step budget follows an
 overridden gen length (same tokens per step) and its block is clipped to it, unless ``steps`` / ``block_length`` are
-given too. A preset may also set the published ``temperature`` / ``top_p`` (the code models' sampling settings);
-the caller's win. Presets that need an artefact take it as an option, and ``needs`` lists the ones they cannot run
+given too. A preset may also set the published ``temperature`` / ``top_p`` (the code models' sampling settings),
+the attention (D2F's ``answer_block_causal``) and the cache the method runs with; the caller's win. Presets that
+need an artefact take it as an option, and ``needs`` lists the ones they cannot run
 without: ``learn2pd`` needs ``filter`` (a trained filter), Prophet's forced answer prefix needs ``prefix_ids``
 (``early_commit.answer_prefix_ids(tokenizer)``), AdaBlock on a non-LLaDA / non-Dream tokenizer needs
 ``delimiter_ids`` (``adaptive_block.delimiter_ids_from_tokenizer(tokenizer)``).
@@ -30,6 +31,8 @@ class Preset:
     config: dict[str, Any] = field(default_factory=dict)  # DecodeConfig overrides (lengths; temperature, top_p)
     source: str = ""
     needs: tuple[str, ...] = ()  # sampler options the preset cannot run without (artefacts)
+    cache: str | None = None  # the cache the method runs with (None: the request's default)
+    cache_options: dict[str, Any] = field(default_factory=dict)
 
     def generate_kwargs(self, options: dict[str, Any] | None = None, **config: Any) -> dict[str, Any]:
         """Keywords for ``dlm_decode.generate``: sampler, sampler_options and the decoding overrides (``config``
@@ -42,7 +45,8 @@ class Preset:
                 f"preset {self.name!r} needs the sampler option {missing[0]!r} ({NEEDS_HELP.get(missing[0], '')}); "
                 f"presets that run without it: {', '.join(others) or '(none)'}"
             )
-        return {"sampler": self.sampler, "sampler_options": options} | self.lengths(**config)
+        cache = {"cache": self.cache, "cache_options": dict(self.cache_options)} if self.cache else {}
+        return {"sampler": self.sampler, "sampler_options": options} | cache | self.lengths(**config)
 
     def lengths(self, **config: Any) -> dict[str, Any]:
         """The preset's gen length, block length and steps under ``config``'s overrides: over another gen length the
@@ -202,6 +206,57 @@ PRESETS: dict[str, Preset] = {
         ),
     )
 }
+
+
+_D2F = {"block_add_threshold": 0.1, "decoded_token_threshold": 0.95, "early_stop": True}
+_D3LLM = {"block_add_threshold": 0.1, "decoded_token_threshold": 0.95, "early_stop": True}
+PRESETS.update(
+    {
+        p.name: p
+        for p in (
+            Preset(
+                "d2f_llada",
+                "threshold",
+                {"threshold": 0.9} | _D2F,
+                {"gen_length": 512, "block_length": 32, "attention": "answer_block_causal"},
+                "D2F D2F-eval/eval_llada.sh (MATH / HumanEval rows: block 32, block_add_threshold 0.1, "
+                "decoded_token_threshold 0.95, skip_threshold 0.9, gen 512; GSM8K uses block 64 / add 0.7, MBPP "
+                "add 0.9)",
+                cache="prefix",
+            ),
+            Preset(
+                "d2f_dream",
+                "threshold",
+                {"threshold": 0.9} | _D2F,
+                {"gen_length": 256, "block_length": 32, "attention": "answer_block_causal"},
+                "D2F D2F-eval/eval_dream.sh (GSM8K row: block 32, block_add_threshold 0.1, decoded_token_threshold "
+                "0.95, skip_threshold 0.9, gen 256)",
+                cache="prefix",
+            ),
+            Preset(
+                "d3llm_llada",
+                "entropy_threshold",
+                {"eta": 0.5} | _D3LLM,
+                {"gen_length": 256, "block_length": 32},
+                "d3LLM eval_scripts/llada_*.sh, generate_multi_block_kv_cache: threshold 0.5, block_add_threshold 0.1, "
+                "decoded_token_threshold 0.95, block 32, cache_delay_iter 1, refresh_interval 10000, early_stop",
+                cache="delayed",
+                cache_options={"cache_delay_iter": 1},
+            ),
+            Preset(
+                "d3llm_dream",
+                "entropy_threshold",
+                {"eta": 0.4} | _D3LLM,
+                {"gen_length": 256, "block_length": 32},
+                "d3LLM eval_scripts/dream_gsm8k_cot.sh, generation_multi_block with the cache: threshold 0.4, "
+                "block_add_threshold 0.1, decoded_token_threshold 0.95, block 32, cache_delay_iter 1, refresh_interval "
+                "10000, early_stop, temperature 0",
+                cache="delayed",
+                cache_options={"cache_delay_iter": 1},
+            ),
+        )
+    }
+)
 
 
 def get_preset(name: str) -> Preset:
