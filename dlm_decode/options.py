@@ -146,10 +146,15 @@ def parse_kv(pairs: list[str] | None) -> dict[str, str]:
     return out
 
 
+QUIET = {"quiet": True}  # field metadata: ``describe`` leaves the field out while it holds its default (an off switch)
+
+
 def describe(obj: Any) -> dict[str, Any]:
-    """A JSON-ready description: name plus every field."""
+    """A JSON-ready description: name plus every field (a ``QUIET`` field only when it is not at its default)."""
     d = {"name": getattr(obj, "name", type(obj).__name__)}
     for f in dataclasses.fields(obj):
         v = getattr(obj, f.name)
+        if f.metadata.get("quiet") and v == f.default:
+            continue
         d[f.name] = list(v) if isinstance(v, tuple) else v
     return d

@@ -105,11 +105,28 @@ def keys_from_mask(keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return index, visible
 
 
+def whole_block_end(state: DecodeState, end: torch.Tensor) -> torch.Tensor:
+    """[B] ``end`` [B] rounded up to the end of its grid block (a cut may end a row's canvas inside a block, whose
+    filled slots the block's queries still see): the answer grid from ``P`` under D2F's attention, the row's
+    absolute grid on a block-causal model."""
+    b = state.block_length
+    if state.inputs.answer_blocks is not None:
+        off = torch.full_like(end, state.prompt_len)
+    elif state.inputs.grid_offset is not None:
+        off = state.inputs.grid_offset
+    else:
+        return end
+    whole = off + torch.div(end - off + b - 1, b, rounding_mode="floor") * b
+    return torch.clamp(torch.maximum(whole, end), max=state.total_length)
+
+
 def block_causal_window(state: DecodeState, region: tuple[int, int]) -> StepPlan:
-    """No cache on a block-causal model (or D2F's attention): every slot up to the widest block end (later blocks are
-    invisible to it)."""
+    """No cache on a block-causal model (or D2F's attention): every slot up to the end of the widest open block
+    (later blocks are invisible to it)."""
     km = state.key_mask()
-    return StepPlan(compute=slice(0, region[1]), key_mask=None if km is None else km[:, : region[1]], refresh=True)
+    end = int(whole_block_end(state, state.block_end).max())
+    end = max(end, region[1])
+    return StepPlan(compute=slice(0, end), key_mask=None if km is None else km[:, :end], refresh=True)
 
 
 def exact_block_plan(state: DecodeState, region: tuple[int, int]) -> StepPlan:
@@ -140,6 +157,6 @@ def exact_tracked_plan(state: DecodeState, region: tuple[int, int], key: str = "
         exact = torch.zeros_like(starts)  # the first forward computes everything up to the open blocks' end
     lo = torch.minimum(exact, starts - state.logit_shift).clamp(min=0)
     idx = slots(state)[None, :]
-    need = (idx >= lo[:, None]) & (idx < state.block_end[:, None])  # [B, T]
+    need = (idx >= lo[:, None]) & (idx < whole_block_end(state, state.block_end)[:, None])  # [B, T]
     state.scratch[key] = torch.maximum(exact, starts)
     return StepPlan(compute=compute_from_mask(need, state, region), key_mask=state.key_mask())

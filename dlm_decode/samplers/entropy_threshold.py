@@ -15,13 +15,14 @@ reference: over the canvas row), which can differ only on exactly tied entropies
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 import torch
 
 from dlm_decode.core.frontier import MultiBlock
 from dlm_decode.core.state import DecodeState
+from dlm_decode.options import QUIET
 from dlm_decode.samplers import multi_block
 from dlm_decode.samplers.base import Sampler, SamplerTraits, Selection, candidates
 from dlm_decode.samplers.threshold import top1
@@ -36,9 +37,12 @@ def entropy(logits: torch.Tensor) -> torch.Tensor:
 @dataclass(frozen=True)
 class EntropyThreshold(Sampler):
     eta: float = 0.5
-    block_add_threshold: float | None = None  # several blocks in flight (d3LLM's global rule, ``multi_block``)
-    decoded_token_threshold: float | None = None
-    early_stop: bool = False  # with several blocks in flight: d3LLM's early stop at the first end id
+    # several blocks in flight (d3LLM's global rule, ``samplers.multi_block``); unset: one block at a time
+    block_add_threshold: float | None = field(default=None, metadata=QUIET)
+    decoded_token_threshold: float | None = field(default=None, metadata=QUIET)
+    early_stop: bool = field(default=False, metadata=QUIET)  # d3LLM's early stop at the first end id
+    # d3LLM's LLaDA decoder always takes the lowest-entropy mask of the open blocks; its Dream decoder does not
+    global_best: bool = field(default=True, metadata=QUIET)
 
     name: ClassVar[str] = "entropy_threshold"
     traits: ClassVar[SamplerTraits] = SamplerTraits(reads_candidates_only=True)
@@ -47,6 +51,13 @@ class EntropyThreshold(Sampler):
         if not (isinstance(self.eta, int | float) and math.isfinite(self.eta) and self.eta > 0):
             raise ValueError(f"{self.name}: eta must be a finite number > 0, got {self.eta!r}")
         multi_block.check_fields(self.name, self)
+        if not isinstance(self.global_best, bool):
+            raise ValueError(f"{self.name}: global_best must be true or false, got {self.global_best!r}")
+        if not self.global_best and self.multi_block() is None:
+            raise ValueError(
+                f"{self.name}: global_best=false is d3LLM's Dream selection over several blocks in flight; set "
+                "block_add_threshold and decoded_token_threshold too"
+            )
 
     def multi_block(self) -> MultiBlock | None:
         return multi_block.rule_of(self, "global", self.early_stop)
@@ -57,5 +68,6 @@ class EntropyThreshold(Sampler):
         cand = candidates(state, r0, r0 + logits.shape[1])
         sure = cand & (h <= self.eta)
         if state.cursor.frontier is not None:  # several blocks in flight
-            return Selection(commit=multi_block.global_pick(state, -h, sure, cand, r0), tokens=x0)
+            commit = multi_block.global_pick(state, -h, sure, cand, r0, best=self.global_best)
+            return Selection(commit=commit, tokens=x0)
         return Selection(commit=top1(-h, cand) | sure, tokens=x0)

@@ -11,13 +11,14 @@ reference. ``cfg_scale`` (classifier-free guidance) is a ``DecodeConfig`` option
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 import torch
 
 from dlm_decode.core.frontier import MultiBlock
 from dlm_decode.core.state import DecodeState
+from dlm_decode.options import QUIET
 from dlm_decode.samplers import multi_block
 from dlm_decode.samplers.base import Sampler, SamplerTraits, Selection, candidates, top_k_per_row
 from dlm_decode.samplers.schedule import llada_schedule
@@ -25,9 +26,10 @@ from dlm_decode.samplers.schedule import llada_schedule
 
 @dataclass(frozen=True)
 class LowConfidence(Sampler):
-    block_add_threshold: float | None = None  # several blocks in flight (D2F's per-block rule, ``multi_block``)
-    decoded_token_threshold: float | None = None
-    early_stop: bool = False  # with several blocks in flight: no block opens after an end id (D2F)
+    # several blocks in flight (D2F's per-block rule, ``samplers.multi_block``); unset: one block at a time
+    block_add_threshold: float | None = field(default=None, metadata=QUIET)
+    decoded_token_threshold: float | None = field(default=None, metadata=QUIET)
+    early_stop: bool = field(default=False, metadata=QUIET)  # no block opens after an end id (D2F)
 
     name: ClassVar[str] = "low_confidence"
     traits: ClassVar[SamplerTraits] = SamplerTraits(fixed_budget=True, reads_candidates_only=True)

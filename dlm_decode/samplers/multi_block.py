@@ -11,6 +11,9 @@ side, shared by ``threshold``, ``entropy_threshold`` and ``low_confidence`` (the
 * ``global`` (d3LLM, ``generate_multi_block``): one selection over every candidate of the open blocks, the single
   best slot anywhere (so it may land in a semi-activated block) plus every sure slot; then, if the first fully
   activated block that still has a MASK got nothing, its best slot is forced. ``entropy_threshold`` decodes this way.
+  d3LLM's Dream decoder (``_sample_multi_block``) takes no best slot anywhere, only the sure ones and the forced one
+  (``entropy_threshold``'s ``global_best=false``, set by the ``d3llm_dream`` preset), and its sure test is strict
+  (``H < eta``, LLaDA's ``H <= eta``): ties only.
 
 Differences, on purpose: D2F's threshold test is strict (``p > skip_threshold``) where ``threshold``'s is ``>=``, and
 D2F computes confidences in the model dtype where we use float64: they differ only on exact ties. At temperature > 0
@@ -86,11 +89,15 @@ def per_block(state: DecodeState, score: torch.Tensor, sure: torch.Tensor, cand:
     return sure | block_top(score, cand & full, blk, ones, 1)
 
 
-def global_pick(state: DecodeState, score: torch.Tensor, sure: torch.Tensor, cand: torch.Tensor, r0: int):
-    """d3LLM: the best candidate anywhere plus the sure ones; the first fully activated block with a candidate that
-    got none gets its best one."""
+def global_pick(
+    state: DecodeState, score: torch.Tensor, sure: torch.Tensor, cand: torch.Tensor, r0: int, best: bool = True
+) -> torch.Tensor:
+    """d3LLM: the sure candidates plus (``best``, its LLaDA decoder) the best candidate anywhere; the first fully
+    activated block with a candidate that got none gets its best one."""
     blk, full = layout(state, r0, r0 + score.shape[1])
-    commit = sure | top_k_per_row(torch.where(cand, score, float("-inf")), cand.any(1).long(), kmax=1) & cand
+    commit = sure
+    if best:
+        commit = commit | top_k_per_row(torch.where(cand, score, float("-inf")), cand.any(1).long(), kmax=1) & cand
     big = torch.iinfo(torch.long).max
     first = torch.where(cand & full, blk, big).min(1).values  # [B] the first fully activated block with a MASK
     in_first = cand & (blk == first[:, None])

@@ -246,7 +246,7 @@ PRESETS.update(
             Preset(
                 "d3llm_dream",
                 "entropy_threshold",
-                {"eta": 0.4} | _D3LLM,
+                {"eta": 0.4, "global_best": False} | _D3LLM,
                 {"gen_length": 256, "block_length": 32},
                 "d3LLM eval_scripts/dream_gsm8k_cot.sh, generation_multi_block with the cache: threshold 0.4, "
                 "block_add_threshold 0.1, decoded_token_threshold 0.95, block 32, cache_delay_iter 1, refresh_interval "

@@ -16,14 +16,14 @@ the block's first slot and confidences use the model dtype; we follow the LLaDA 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 import torch
 
 from dlm_decode.core.frontier import MultiBlock
 from dlm_decode.core.state import DecodeState
-from dlm_decode.options import check_probability
+from dlm_decode.options import QUIET, check_probability
 from dlm_decode.samplers import multi_block
 from dlm_decode.samplers.base import Sampler, SamplerTraits, Selection, candidates, top_k_per_row
 
@@ -36,9 +36,10 @@ def top1(score: torch.Tensor, cand: torch.Tensor) -> torch.Tensor:
 @dataclass(frozen=True)
 class Threshold(Sampler):
     threshold: float = 0.9
-    block_add_threshold: float | None = None  # several blocks in flight (D2F's per-block rule, ``multi_block``)
-    decoded_token_threshold: float | None = None
-    early_stop: bool = False  # with several blocks in flight: no block opens after an end id (D2F)
+    # several blocks in flight (D2F's per-block rule, ``samplers.multi_block``); unset: one block at a time
+    block_add_threshold: float | None = field(default=None, metadata=QUIET)
+    decoded_token_threshold: float | None = field(default=None, metadata=QUIET)
+    early_stop: bool = field(default=False, metadata=QUIET)  # no block opens after an end id (D2F)
 
     name: ClassVar[str] = "threshold"
     traits: ClassVar[SamplerTraits] = SamplerTraits(reads_candidates_only=True)
