@@ -1,0 +1,273 @@
+"""The multi-block re-statements (``reference_multi_block.py``) checked where they must agree with something known:
+block by block (both thresholds 1.0) they are dlm_decode's ``entropy_threshold`` (d3LLM) and a plain threshold decode
+under the block-causal mask (D2F); the delayed cache without any cached block is the no-cache loop; the cache mapping
+on ``denoise`` + ``KVStore`` equals a literal past-K/V forward (``llada_cached_forward``); below 1.0 several blocks
+are in flight. Tiny random checkpoints, float32, temperature 0, batch 1.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from checkpoints import (
+    EOS,
+    MASK,
+    dream_config,
+    dream_state_dict,
+    llada_config,
+    llada_state_dict,
+    reference_dream_logits,
+    reference_llada_logits,
+)
+from reference_cached_generate import llada_cached_forward
+from reference_multi_block import d2f_generate, d2f_mask, d3llm_generate, d3llm_generate_cached
+
+import dlm_decode
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+PROMPTS = [[5, 9, 17, 3, 40, 22], [9, 3, 36, 3, 17, 11, 40, 5, 21]]  # 6 and 9 slots: the answer grid starts mid-block
+# entropy thresholds that commit several masks per step on the tiny checkpoints (vocabulary 64: at most ln 64 = 4.2)
+ETAS = {"llada": [2.0, 2.5, 3.0], "dream": [1.5, 2.0, 2.5]}
+
+
+def _raw(model):
+    return lambda ids: model(ids).logits
+
+
+def _sd_cfg(name):
+    cfg = llada_config() if name == "llada" else dream_config()
+    sd = llada_state_dict(cfg) if name == "llada" else dream_state_dict(cfg)
+    return sd, cfg
+
+
+def _masked_forward(name):
+    """``model(x, mask4d)`` for D2F: the pure-torch reference forward of the conftest checkpoint under a 4D mask."""
+    sd, cfg = _sd_cfg(name)
+    fwd = reference_llada_logits if name == "llada" else reference_dream_logits
+    return lambda ids, mask4d: fwd(sd, cfg, ids, mask4d=mask4d)
+
+
+def _d3(model, prompt, name, eta, add=1.0, dec=1.0, **kw):
+    return dict(
+        mask_id=MASK, eos_id=EOS, block_size=8, max_new_tokens=32, threshold=eta, block_add_threshold=add,
+        decoded_token_threshold=dec, early_stop=False, shift=name == "dream",
+    ) | kw  # fmt: skip
+
+
+# ---- d3LLM ------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["llada", "dream"])
+@pytest.mark.parametrize("which", [0, 1, 2])
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_d3llm_block_by_block_is_entropy_threshold(request, name, which, prompt):
+    """Both thresholds 1.0: a block opens when the last one is done and is fully activated at once, so the single
+    selection is the current block's; LLaDA's (lowest entropy + ``<= eta``) is ``entropy_threshold``, Dream's
+    (``< eta``, the forced lowest one when none passes) too except on an entropy exactly at eta."""
+    model = request.getfixturevalue(name)
+    eta, ids = ETAS[name][which], torch.tensor([prompt])
+    ref, forwards = d3llm_generate(_raw(model), ids, **_d3(model, ids, name, eta))
+    out = dlm_decode.generate(
+        model, ids, sampler="entropy_threshold", sampler_options={"eta": eta}, gen_length=32, block_length=8,
+        cache="none",
+    )  # fmt: skip
+    assert torch.equal(out.sequences, ref)
+    assert out.nfe == forwards
+    assert forwards < 32 and not bool((ref == MASK).any())  # several masks per step, and a finished canvas
+
+
+@pytest.mark.parametrize("name", ["llada", "dream"])
+@pytest.mark.parametrize("add,dec", [(1.0, 1.0), (0.25, 0.5), (0.1, 0.95)])
+def test_d3llm_cache_that_never_caches_is_the_no_cache_loop(request, name, add, dec):
+    """A delay no block ever reaches: the prompt (block 0, finished at nfe 0) is stabilizing forever, so the reference
+    has no cache and every step takes its "full" branch: the tokens and forwards of ``d3llm_generate``."""
+    model = request.getfixturevalue(name)
+    ids = torch.tensor([PROMPTS[1]])
+    eta = ETAS[name][1]
+    ref, forwards = d3llm_generate(_raw(model), ids, **_d3(model, ids, name, eta, add, dec))
+    trace = []
+    kw = _d3(model, ids, name, eta, add, dec, cache_delay_iter=10**6, refresh_interval=10**6)
+    out, cached_forwards = d3llm_generate_cached(model, ids, **kw, trace=trace)
+    assert torch.equal(out, ref) and cached_forwards == forwards
+    assert set(trace) == {"full"}
+
+
+class PastKV:
+    """The reference's ``DynamicCache`` taken literally on the independent LLaDA forward of
+    ``reference_cached_generate``: a list of per-layer (K, V), the new ones appended after the past, the first
+    ``keep`` slots kept as the cache."""
+
+    def __init__(self, sd, cfg):
+        self.sd, self.cfg, self.past = sd, cfg, None
+
+    def __call__(self, x, c0, keep):
+        past = self.past if c0 > 0 else None
+        assert c0 == 0 or past[0][0].shape[2] == c0
+        logits, present = llada_cached_forward(self.sd, self.cfg, x[:, c0:], past=past)
+        if keep is not None:
+            self.past = [(k[:, :, :keep], v[:, :, :keep]) for k, v in present]
+        return logits
+
+
+@pytest.mark.parametrize("delay,refresh", [(1, 10**4), (2, 3), (0, 2), (2, 4)])
+@pytest.mark.parametrize("add,dec", [(0.25, 0.5), (1.0, 1.0)])
+def test_d3llm_cache_on_the_store_is_the_past_kv_cache(llada, delay, refresh, add, dec):
+    """The delayed cache on ``denoise`` + ``KVStore`` (which slots are computed, seen, written) gives the tokens,
+    forwards and branches of the literal past-K/V cache; every branch runs, and the cache changes the answer."""
+    ids = torch.tensor([PROMPTS[0]])
+    sd, cfg = _sd_cfg("llada")
+    kw = _d3(llada, ids, "llada", 2.0, add, dec, cache_delay_iter=delay, refresh_interval=refresh)
+    store_trace, past_trace = [], []
+    out, forwards = d3llm_generate_cached(llada, ids, **kw, trace=store_trace)
+    lit, lit_forwards = d3llm_generate_cached(llada, ids, **kw, forward=PastKV(sd, cfg), trace=past_trace)
+    assert torch.equal(out, lit) and forwards == lit_forwards and store_trace == past_trace
+    assert {"update", "use"} <= set(store_trace) and not bool((out == MASK).any())
+    if refresh <= 4:
+        assert "refresh" in store_trace
+
+
+def test_d3llm_cache_is_approximate(llada):
+    """The published LLaDA setting (delay 1, no periodic refresh) on the tiny checkpoint: cached keys are stale, so
+    the answer differs from the no-cache loop's (a check that the cache is really read)."""
+    ids = torch.tensor([PROMPTS[0]])
+    kw = _d3(llada, ids, "llada", 2.0, 0.1, 0.95)
+    ref, _ = d3llm_generate(_raw(llada), ids, **kw)
+    out, _ = d3llm_generate_cached(llada, ids, **kw, cache_delay_iter=1, refresh_interval=10**4)
+    assert not torch.equal(out, ref)
+
+
+@pytest.mark.parametrize("name", ["llada", "dream"])
+def test_d3llm_several_blocks_in_flight(request, name):
+    """Below 1.0 blocks open before the last one is done: more than one block holds masks in some forward, and the
+    whole answer takes fewer forwards than block by block."""
+    model = request.getfixturevalue(name)
+    ids = torch.tensor([PROMPTS[0]])
+    eta = ETAS[name][0]
+    trace = []
+    out, forwards = d3llm_generate(_raw(model), ids, **_d3(model, ids, name, eta, 0.25, 0.5), trace=trace)
+    _, sequential = d3llm_generate(_raw(model), ids, **_d3(model, ids, name, eta))
+    assert max(trace) >= 3 and len(trace) == forwards
+    assert not bool((out == MASK).any())
+    if name == "llada":  # Dream takes no global lowest-entropy mask: semi-activated blocks may wait longer
+        assert forwards < sequential
+
+
+# ---- D2F --------------------------------------------------------------------------------------------------------
+
+
+def _block_causal(prompt_length: int, total: int, block_size: int) -> torch.Tensor:
+    """The D2F mask written a second time, as a visibility table filled block by block (bool [1, 1, T, T])."""
+    seen = torch.zeros(total, total, dtype=torch.bool)
+    seen[:prompt_length, :prompt_length] = True
+    for start in range(prompt_length, total, block_size):
+        seen[start : start + block_size, : start + block_size] = True  # the prompt, earlier blocks and itself
+    return seen[None, None]
+
+
+def _block_by_block(model, prompt, *, block_size, gen, skip, shift, eos_id=EOS):
+    """A threshold decode, one block at a time under the block-causal mask: each step commits the block's masks with
+    probability > ``skip``, or its most confident one; no block opens after one that committed an EOS."""
+    x, p, forwards = prompt.clone(), prompt.shape[1], 0
+    for _ in range(gen // block_size):
+        x = torch.cat([x, torch.full((1, block_size), MASK)], dim=1)
+        while bool((x[0, -block_size:] == MASK).any()):
+            raw = model(x, _block_causal(p, x.shape[1], block_size))
+            forwards += 1
+            logits = raw[0, -block_size - 1 : -1] if shift else raw[0, -block_size:]  # [B, V]
+            conf, tok = torch.softmax(logits, -1).max(-1)
+            masked = x[0, -block_size:] == MASK
+            conf = torch.where(masked, conf, -1.0)
+            commit = masked & (conf > skip)
+            if not bool(commit.any()):
+                commit[conf.argmax()] = True
+            x[0, -block_size:] = torch.where(commit, tok, x[0, -block_size:])
+        if bool((x[0, p:] == eos_id).any()):
+            break
+    return x[0, p:], forwards
+
+
+def _d2f(name, add=1.0, dec=1.0, skip=0.4, **kw):
+    return dict(
+        mask_id=MASK, eos_id=EOS, block_size=8, max_new_tokens=32, block_add_threshold=add,
+        decoded_token_threshold=dec, skip_threshold=skip, shift=name == "dream",
+    ) | kw  # fmt: skip
+
+
+def test_d2f_mask_is_block_causal_from_the_prompt_end():
+    """Prompt of 3, blocks of 2 from slot 3: hand-written visibility."""
+    expect = torch.tensor(
+        [
+            [1, 1, 1, 0, 0, 0, 0],
+            [1, 1, 1, 0, 0, 0, 0],
+            [1, 1, 1, 0, 0, 0, 0],
+            [1, 1, 1, 1, 1, 0, 0],
+            [1, 1, 1, 1, 1, 0, 0],
+            [1, 1, 1, 1, 1, 1, 1],
+            [1, 1, 1, 1, 1, 1, 1],
+        ],
+        dtype=torch.bool,
+    )
+    mask = d2f_mask(3, 7, 2)
+    assert mask.shape == (1, 1, 7, 7) and mask.dtype == torch.float32
+    assert torch.equal(mask[0, 0] == 0, expect) and bool((mask[0, 0][~expect] == float("-inf")).all())
+    assert torch.equal(_block_causal(3, 7, 2)[0, 0], expect)
+
+
+@pytest.mark.parametrize("name", ["llada", "dream"])
+def test_reference_forwards_take_a_4d_mask(name):
+    """The 4D mask of the pure-torch forwards: all-visible changes nothing; under the D2F mask, a block's logits
+    ignore every later slot; bool and additive masks agree."""
+    sd, cfg = _sd_cfg(name)
+    fwd = reference_llada_logits if name == "llada" else reference_dream_logits
+    ids = torch.tensor([PROMPTS[0] + [MASK] * 16])
+    plain = fwd(sd, cfg, ids)
+    assert torch.equal(fwd(sd, cfg, ids, mask4d=torch.ones(1, 1, 22, 22, dtype=torch.bool)), plain)
+    bias, seen = d2f_mask(6, 22, 8), _block_causal(6, 22, 8)
+    masked = fwd(sd, cfg, ids, mask4d=bias)
+    assert torch.allclose(masked, fwd(sd, cfg, ids, mask4d=seen), atol=1e-6)
+    changed = ids.clone()
+    changed[0, 14:] = 5  # the second answer block
+    assert torch.equal(fwd(sd, cfg, changed, mask4d=bias)[:, :14], masked[:, :14])
+    assert not torch.allclose(masked[:, :14], plain[:, :14])  # the mask matters
+
+
+@pytest.mark.parametrize("name", ["llada", "dream"])
+@pytest.mark.parametrize("skip", [0.3, 0.5, 0.9])
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_d2f_block_by_block(name, skip, prompt):
+    """Both thresholds 1.0: D2F is the plain threshold decode block by block under its mask."""
+    model, ids = _masked_forward(name), torch.tensor([prompt])
+    ref, forwards = d2f_generate(model, ids, **_d2f(name, skip=skip))
+    out, expect = _block_by_block(model, ids, block_size=8, gen=32, skip=skip, shift=name == "dream")
+    assert torch.equal(ref, out) and forwards == expect
+    assert not bool((ref == MASK).any()) and len(ref) % 8 == 0
+    assert len(ref) == 32 or EOS in ref[-8:].tolist()  # the tiny models do commit their EOS now and then
+    if skip < 0.9:
+        assert forwards < len(ref)  # several commits per step
+
+
+@pytest.mark.parametrize("name", ["llada", "dream"])
+def test_d2f_eos_stops_opening_blocks(name):
+    """An EOS committed in a block: no block opens after it (the answer is shorter than the gen length), block by
+    block as in the plain decode. The EOS is a token the tiny model commits early (its own EOS never shows)."""
+    model, ids = _masked_forward(name), torch.tensor([PROMPTS[1]])
+    full, _ = d2f_generate(model, ids, **_d2f(name, eos_id=-1))  # no EOS: every block
+    assert len(full) == 32
+    eos = int(full[9])  # committed in the second block
+    ref, forwards = d2f_generate(model, ids, **_d2f(name, eos_id=eos))
+    out, expect = _block_by_block(model, ids, block_size=8, gen=32, skip=0.4, shift=name == "dream", eos_id=eos)
+    assert torch.equal(ref, out) and forwards == expect
+    first_block_with_eos = min(int(torch.where(full == eos)[0][0]) // 8, 3)
+    assert len(ref) == 8 * (first_block_with_eos + 1) < 32
+
+
+@pytest.mark.parametrize("name", ["llada", "dream"])
+@pytest.mark.parametrize("add,dec,skip", [(0.1, 0.95, 0.9), (0.25, 0.5, 0.5), (0.5, 0.75, 0.3)])
+def test_d2f_several_blocks_in_flight(name, add, dec, skip):
+    """Below 1.0 blocks open before the last one is done: several are active in some forward; the answer is whole."""
+    model, ids = _masked_forward(name), torch.tensor([PROMPTS[1]])
+    trace = []
+    ref, forwards = d2f_generate(model, ids, **_d2f(name, add, dec, skip, eos_id=-1), trace=trace)
+    assert max(trace) >= 2 and len(trace) == forwards
+    assert len(ref) == 32 and not bool((ref == MASK).any())
