@@ -309,6 +309,23 @@ def _d3_rightmost_end(blocks: dict) -> int | None:
     return None if right == 0 else blocks[right]["end"]
 
 
+def _d3_step_start(x, blocks, p, nfe, run: dict) -> int | None:
+    """A step up to its forward: early stop (when asked), the activation update, at most one new block (none once an
+    EOS is in the answer). Returns the end of the rightmost open block, or None where the reference leaves its loop
+    (every mask gone after an early stop; no open block)."""
+    has_eos = False
+    if run["early_stop"] and run["eos_id"] is not None:
+        args = (x, blocks, run["eos_id"], p, run["gen"], run["block_size"], run["num_blocks"], run["mask_id"], nfe)
+        has_eos = _d3_early_stop(*args, run["dream"], run["cached"]) is not None
+        if has_eos and not bool((x[0, p:] == run["mask_id"]).any()):
+            return None
+    _d3_activate(blocks, run["dec"])
+    if not has_eos:
+        args = (x, blocks, p, run["gen"], run["block_size"], run["num_blocks"], run["mask_id"], run["add"], run["dec"])
+        _d3_maybe_open(*args, cached=run["cached"])
+    return _d3_rightmost_end(blocks)
+
+
 # ---- d3LLM: selection -------------------------------------------------------------------------------------------
 
 
@@ -393,6 +410,8 @@ def d3llm_generate(
     num_blocks = gen // block_size
     x = F.pad(prompt, (0, gen), value=mask_id)  # [1, P + G]
     blocks = _d3_init(p, gen, block_size, decoded_token_threshold, cached=False)
+    run = dict(gen=gen, block_size=block_size, num_blocks=num_blocks, mask_id=mask_id, eos_id=eos_id)
+    run |= dict(early_stop=early_stop, add=block_add_threshold, dec=decoded_token_threshold, dream=shift, cached=False)
     seen = torch.ones(x.shape[1], dtype=torch.bool)  # every slot is forwarded
     nfe, forwards = 0, 0
     while True:
@@ -400,17 +419,7 @@ def d3llm_generate(
         if not bool(mask[0, p:].any()) and len(blocks) > num_blocks:
             break
         nfe += 1
-        has_eos = False
-        if early_stop and eos_id is not None:
-            args = (x, blocks, eos_id, p, gen, block_size, num_blocks, mask_id, nfe, shift, False)
-            has_eos = _d3_early_stop(*args) is not None
-            if has_eos and not bool((x[0, p:] == mask_id).any()):
-                break
-        _d3_activate(blocks, decoded_token_threshold)
-        if not has_eos:
-            args = (x, blocks, p, gen, block_size, num_blocks, mask_id, block_add_threshold, decoded_token_threshold)
-            _d3_maybe_open(*args, cached=False)
-        end = _d3_rightmost_end(blocks)
+        end = _d3_step_start(x, blocks, p, nfe, run)
         if end is None:
             break
         logits = model(x)  # [1, T, V]
@@ -549,23 +558,15 @@ def d3llm_generate_cached(
     forward = StoreForward(model, x.shape[1]) if forward is None else forward
     assert not shift or getattr(model, "logit_shift", 1) == 1
     blocks = _d3_init(p, gen, block_size, decoded_token_threshold, cached=True)
+    run = dict(gen=gen, block_size=block_size, num_blocks=num_blocks, mask_id=mask_id, eos_id=eos_id)
+    run |= dict(early_stop=early_stop, add=block_add_threshold, dec=decoded_token_threshold, dream=shift, cached=True)
     manual, stored, nfe, forwards = 0, None, 0, 0
     while True:
         mask = x == mask_id  # [1, T]
         if not bool(mask[0, p:].any()) and len(blocks) > num_blocks:
             break
         nfe += 1
-        has_eos = False
-        if early_stop and eos_id is not None:
-            args = (x, blocks, eos_id, p, gen, block_size, num_blocks, mask_id, nfe, shift, True)
-            has_eos = _d3_early_stop(*args) is not None
-            if has_eos and not bool((x[0, p:] == mask_id).any()):
-                break
-        _d3_activate(blocks, decoded_token_threshold)
-        if not has_eos:
-            args = (x, blocks, p, gen, block_size, num_blocks, mask_id, block_add_threshold, decoded_token_threshold)
-            _d3_maybe_open(*args, cached=True)
-        end = _d3_rightmost_end(blocks)
+        end = _d3_step_start(x, blocks, p, nfe, run)
         args = (blocks, manual, stored, nfe, cache_delay_iter, refresh_interval, end, shift)
         plan = None if end is None else _d3_cache_plan(*args)
         if plan is None:

@@ -271,3 +271,70 @@ def test_d2f_several_blocks_in_flight(name, add, dec, skip):
     ref, forwards = d2f_generate(model, ids, **_d2f(name, add, dec, skip, eos_id=-1), trace=trace)
     assert max(trace) >= 2 and len(trace) == forwards
     assert len(ref) == 32 and not bool((ref == MASK).any())
+
+
+# ---- hand-built logits: the commit rules ------------------------------------------------------------------------
+
+
+def _peaked(entropy_rank: list[float], vocab: int = 8) -> torch.Tensor:
+    """[1, S, V] logits, one row per slot, sharper (lower entropy, higher top probability) for larger values."""
+    rows = torch.zeros(len(entropy_rank), vocab)
+    for i, sharp in enumerate(entropy_rank):
+        rows[i, (i + 3) % vocab] = sharp
+    return rows[None]
+
+
+def test_d3llm_selection_llada_takes_the_global_lowest_entropy_dream_does_not():
+    """Prompt [0, 2), block 1 [2, 6) fully activated, block 2 [6, 10) semi-activated; nothing under the threshold.
+    LLaDA commits the lowest-entropy mask anywhere (slot 7, in the semi-activated block) and, since block 1 got
+    none, block 1's lowest (slot 4); Dream only the forced one of block 1."""
+    from reference_multi_block import _d3_select, _entropy
+
+    logits = _peaked([0, 0, 1, 2, 3, 1, 0, 6, 1, 0])  # slot 7 sharpest, then slot 4 within block 1
+    x = torch.tensor([[20, 21] + [MASK] * 8])
+    blocks = {
+        0: {"start": 0, "end": 2, "mask_count": 0, "total_masks": 2, "is_complete": True},
+        1: {"start": 2, "end": 6, "mask_count": 4, "total_masks": 4, "is_complete": True},
+        2: {"start": 6, "end": 10, "mask_count": 4, "total_masks": 4, "is_complete": False},
+    }
+    cand, seen = x == MASK, torch.ones(10, dtype=torch.bool)
+    low = float(_entropy(logits)[0, 7]) - 1e-3  # under every entropy
+    for dream, expect in ((False, [4, 7]), (True, [4])):
+        x0, transfer = _d3_select(x, logits, seen, cand, blocks, low, dream)
+        assert torch.where(transfer[0])[0].tolist() == expect
+        assert x0[0, 4] == (4 + 3) % 8  # the argmax token
+    # at the threshold: LLaDA takes entropy <= threshold, Dream entropy < threshold
+    at = float(_entropy(logits)[0, 3])
+    assert torch.where(_d3_select(x, logits, seen, cand, blocks, at, False)[1][0])[0].tolist() == [3, 4, 7]
+    assert torch.where(_d3_select(x, logits, seen, cand, blocks, at, True)[1][0])[0].tolist() == [4, 7]
+
+
+def test_d2f_commit_rule_full_and_semi_activated():
+    """Fully activated: every mask over skip_threshold, else the most confident one; semi-activated: only those over
+    the threshold, possibly none (strict comparison)."""
+    from reference_multi_block import _d2f_commit
+
+    logits = _peaked([0, 0, 1.0, 3.0, 2.0, 0.5])  # slots 2..5, slot 3 the most confident
+    conf = torch.softmax(logits[0], -1).max(-1).values
+    for complete, skip, expect in (
+        (True, 0.99, [3]),  # none over: the top one
+        (False, 0.99, []),  # semi-activated: none
+        (True, float(conf[4]), [3]),  # strictly over slot 4's probability: slot 3 only
+        (False, float(conf[4]) - 1e-6, [3, 4]),
+    ):
+        x = torch.tensor([[20, 21, MASK, MASK, MASK, MASK]])
+        block = {"start": 2, "end": 6, "mask_count": 4, "total_masks": 4, "is_complete": complete}
+        eos = _d2f_commit(x, block, logits, MASK, eos_id=(3 + 3) % 8, skip_threshold=skip)
+        assert torch.where(x[0] != MASK)[0].tolist()[2:] == expect
+        assert block["mask_count"] == 4 - len(expect) and eos == (3 in expect)
+
+
+@pytest.mark.parametrize("name", ["llada", "dream"])
+def test_d3llm_early_stop_without_eos_changes_nothing(request, name):
+    """early_stop with an EOS the model never commits: the tokens and forwards of the run without it."""
+    model = request.getfixturevalue(name)
+    ids = torch.tensor([PROMPTS[0]])
+    kw = _d3(model, ids, name, ETAS[name][1], 0.25, 0.5, eos_id=MASK + 100)
+    off, f_off = d3llm_generate(_raw(model), ids, **kw)
+    on, f_on = d3llm_generate(_raw(model), ids, **(kw | {"early_stop": True}))
+    assert torch.equal(on, off) and f_on == f_off
