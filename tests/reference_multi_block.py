@@ -441,30 +441,56 @@ def d3llm_generate(
 
 
 class StoreForward:
-    """The reference's past-K/V forward on a dlm_decode model, through ``denoise`` and a ``KVStore`` of the canvas.
+    """The reference's past-K/V forwards on a dlm_decode model, through ``denoise`` and a ``KVStore``.
 
-    ``forward(x, c0, keep)``: the slots ``[c0, T)`` are computed and attend to the stored K/V of ``[0, c0)`` plus
-    their own (the caller asserts that the reference's cache holds exactly ``[0, c0)`` then); ``keep`` None: nothing
-    is stored (``write=False``); else the computed K/V are written and the reference's cache is ``[0, keep)`` of the
-    store afterwards (the slots past ``keep`` are recomputed before any later forward can see them). Returns the
-    logits of ``[c0, T)`` as the reference reads them, [1, T - c0, V]."""
+    The reference's cache is a list of K/V entries (post-RoPE, so each keeps its slot's position); here it is the
+    store's canvas slots ``[0, held)`` plus copies of earlier versions of some slots in a second area of the store
+    (slot ``T + s`` for slot s): the keys the reference holds twice (see :func:`d3llm_generate_cached`). A forward
+    computes ``[c0, T)`` and attends to the cache's entries plus its own K/V (``key_index``: the canvas slots and the
+    held copies). ``__call__(x, branch, c0, arg)`` runs one branch (``arg``: the refresh length, or the number of
+    slots an update appends) and returns the logits of ``[c0, T)`` as the reference reads them, [1, T - c0, V]."""
 
     def __init__(self, model, length: int) -> None:
         n_layers, n_kv, hd = model.kv_shape()
         weight = next(model.parameters())
-        self.model = model
-        self.store = KVStore(n_layers, 1, n_kv, length, hd, dtype=weight.dtype, device=weight.device)
+        self.model, self.t = model, length
+        self.store = KVStore(n_layers, 1, n_kv, 2 * length, hd, dtype=weight.dtype, device=weight.device)
+        self.held = 0
+        self.copies = torch.zeros(length, dtype=torch.bool)  # [T] slots with an earlier version held twice
+        self.duplicated = 0  # slots ever held twice (a statistic for the tests)
 
-    def __call__(self, x: torch.Tensor, c0: int, keep: int | None) -> torch.Tensor:
+    def _hold_twice(self, c0: int) -> None:
+        """The forward recomputes ``[c0, held)`` while the reference keeps their cached entries: move them aside."""
+        if self.held > c0:
+            assert not bool(self.copies[c0 : self.held].any())
+            self.store.k[:, :, :, self.t + c0 : self.t + self.held] = self.store.k[:, :, :, c0 : self.held]
+            self.store.v[:, :, :, self.t + c0 : self.t + self.held] = self.store.v[:, :, :, c0 : self.held]
+            self.copies[c0 : self.held] = True
+            self.duplicated += self.held - c0
+        assert self.held >= c0, "the reference's cache never stops short of the forward's first slot"
+
+    def __call__(self, x: torch.Tensor, branch: str, c0: int, arg: int | None) -> torch.Tensor:
         t = x.shape[1]
-        pos = torch.arange(t, device=x.device)[None]  # the reference's cache_position starts at the cache length
-        kv = KVAccess(self.store, write=keep is not None)
-        if not self.model.logit_shift or c0 == 0:  # Dream from slot 0: denoise's shift is the reference's (slot 0
-            return self.model.denoise(x, pos, compute=slice(c0, t), region=(c0, t), store=kv)  # keeps its own)
-        # Dream from c0 > 0: the reference gives slot c0 its own raw logit, slot c0 + j the raw logit of c0 + j - 1;
-        # denoise's region (c0 + 1, T) holds the raw logits of c0 .. T - 2
-        raw = self.model.denoise(x, pos, compute=slice(c0, t), region=(c0 + 1, t), store=kv)
-        return torch.cat([raw[:, :1], raw], dim=1)
+        if branch in ("full", "refresh"):  # no past: the forward sees only itself
+            self.copies[:] = False
+        else:
+            self._hold_twice(c0)
+        keys = torch.cat([torch.arange(t), t + torch.where(self.copies)[0]])[None]  # [1, W] slots of the keys
+        kv = KVAccess(self.store, write=branch in ("refresh", "update"))
+        pos = torch.arange(t, device=x.device)[None]  # positions from the cache length (c0 == manual_cache_length)
+        run = dict(compute=slice(c0, t), store=kv, key_index=keys.to(x.device))
+        if not self.model.logit_shift or c0 == 0:  # LLaDA; Dream from slot 0 (denoise's shift is the reference's)
+            out = self.model.denoise(x, pos, region=(c0, t), **run)
+        else:  # Dream from c0 > 0: slot c0 keeps its own raw logit; denoise's (c0 + 1, T) holds raw c0 .. T - 2
+            raw = self.model.denoise(x, pos, region=(c0 + 1, t), **run)
+            out = torch.cat([raw[:, :1], raw], dim=1)
+        if branch == "refresh":
+            self.held = arg
+        elif branch == "update":
+            self.held = c0 + arg
+        elif branch == "use":
+            self.held = c0  # [c0, held) live on as the copies
+        return out
 
 
 def _d3_cache_scan(blocks: dict, cache_length: int, nfe: int, delay: int, dream: bool) -> list[int]:
@@ -489,12 +515,13 @@ def _d3_cache_scan(blocks: dict, cache_length: int, nfe: int, delay: int, dream:
     return due
 
 
-def _d3_cache_plan(blocks, cache_length, stored, nfe, delay, refresh_interval, end, dream):
-    """The forward of a cached step, as the reference's branches decide it: (branch, c0, keep) or None when the
-    reference stops (nothing to forward before ``end``). ``stored``: the length of the reference's cache, None when it
-    has none yet. Branches: "update" (forward from the cache end, the due blocks' K/V appended), "use" (forward from
-    the first block to denoise, the cache read only), "refresh" (a full forward whose K/V replace the cache up to the
-    start of the last stabilizing block, else up to the cache end), "full" (no cache yet: a full forward)."""
+def _d3_cache_plan(blocks, cache_length, has_cache, nfe, delay, refresh_interval, end, dream):
+    """The forward of a cached step, as the reference's branches decide it: (branch, c0, arg) or None when the
+    reference stops (nothing to forward before ``end``). ``cache_length``: ``manual_cache_length``; ``has_cache``:
+    whether the reference holds a cache object. Branches: "update" (forward from the cache end; ``arg`` = how many
+    slots, the due blocks', are appended to the cache), "use" (forward from the first block to denoise, the cache read
+    only), "refresh" (a full forward whose K/V replace the cache: ``arg`` = up to the start of the last stabilizing
+    block, else up to the cache end), "full" (no cache yet: a full forward)."""
     due = _d3_cache_scan(blocks, cache_length, nfe, delay, dream)
     update = blocks[max(due)]["end"] - cache_length if due else 0
     stabilizing = [
@@ -506,10 +533,10 @@ def _d3_cache_plan(blocks, cache_length, stored, nfe, delay, refresh_interval, e
     if start >= end:
         return None
     if update > 0:
-        return "update", cache_length, cache_length + update
-    if stored is not None and not stabilizing and nfe % refresh_interval != 0:
+        return "update", cache_length, update
+    if has_cache and not stabilizing and nfe % refresh_interval != 0:
         return "use", start, None
-    if stored is not None:
+    if has_cache:
         return "refresh", 0, blocks[stabilizing[-1]]["start"] if stabilizing else cache_length
     return "full", 0, None
 
@@ -538,19 +565,23 @@ def d3llm_generate_cached(
     forwards run (default :class:`StoreForward` over ``model``; the tests pass an independent one). ``trace``: per
     forward, its branch ("update", "use", "refresh", "full").
 
-    Mapping. The reference's cache is a prefix ``[0, stored)`` of the canvas; a forward computes ``[c0, T)`` and
-    attends to the cache plus its own K/V, with RoPE positions from ``manual_cache_length``. "full" and "refresh"
-    compute everything (c0 = 0) and see no cache; "update" and "use" compute from the cache end.
+    Mapping. A forward computes ``[c0, T)`` and attends to the reference's cache plus its own K/V; RoPE positions
+    start at ``manual_cache_length``, which is c0 in "update" and "use" (checked) and 0 in "full" and "refresh"
+    (these pass no past: they see only themselves). "update" appends the K/V of its first ``arg`` slots to the cache,
+    "refresh" replaces the cache by the K/V of ``[0, arg)``, "use" and "full" store nothing.
 
-    Ill-defined case. The reference's cache length and ``manual_cache_length`` can part: a refresh stores K/V up to
-    the start of the *last* stabilizing block while ``manual_cache_length`` stays at the cache end. In LLaDA the scan
-    stops at a stabilizing block, so at most one block stabilizes at a time and it starts at the cache end: the two
-    agree. In Dream the scan goes on, so two blocks can stabilize at once (both finished before the first is cached);
-    after such a refresh the next "update" appends the first block's K/V a second time (its keys duplicated) and a
-    "use" step would read RoPE offsets that no longer match the keys. This re-statement raises AssertionError there;
-    the tests use settings where it does not happen. The nfe counter: as in :func:`d3llm_generate` (the early-stop
-    exit and the "nothing to forward" exit come after the increment); it also drives ``completed_at_nfe`` and the
-    refresh period, so it is kept here as the reference keeps it."""
+    Keys held twice. The reference's cache length and ``manual_cache_length`` can part: a refresh keeps K/V up to the
+    start of the *last* stabilizing block while ``manual_cache_length`` stays at the first one's start. In LLaDA the
+    scan stops at a stabilizing block, so one block at most stabilizes and it starts at the cache end: they agree. In
+    Dream the scan goes on, so two blocks stabilize together when the second finishes before the first is cached
+    (common at delay 1 or 2); after such a refresh the next "update" forwards from ``manual_cache_length`` and appends
+    those slots' K/V once more: from then until the next refresh, the keys of the first block are in the cache twice
+    (an earlier and a fresh version, both at their own RoPE positions; a "use" step sees both too). Well defined,
+    and re-stated so (:class:`StoreForward` keeps the earlier versions aside; ``StoreForward.duplicated`` counts them).
+
+    The nfe counter: as in :func:`d3llm_generate` (the early-stop exit and the "nothing to forward" exit come after
+    the increment); it also drives ``completed_at_nfe`` and the refresh period, so it is kept as the reference keeps
+    it."""
     _d3_check(prompt, block_size, max_new_tokens)
     p, gen = prompt.shape[1], max_new_tokens
     num_blocks = gen // block_size
@@ -560,28 +591,25 @@ def d3llm_generate_cached(
     blocks = _d3_init(p, gen, block_size, decoded_token_threshold, cached=True)
     run = dict(gen=gen, block_size=block_size, num_blocks=num_blocks, mask_id=mask_id, eos_id=eos_id)
     run |= dict(early_stop=early_stop, add=block_add_threshold, dec=decoded_token_threshold, dream=shift, cached=True)
-    manual, stored, nfe, forwards = 0, None, 0, 0
+    manual, has_cache, nfe, forwards = 0, False, 0, 0
     while True:
         mask = x == mask_id  # [1, T]
         if not bool(mask[0, p:].any()) and len(blocks) > num_blocks:
             break
         nfe += 1
         end = _d3_step_start(x, blocks, p, nfe, run)
-        args = (blocks, manual, stored, nfe, cache_delay_iter, refresh_interval, end, shift)
+        args = (blocks, manual, has_cache, nfe, cache_delay_iter, refresh_interval, end, shift)
         plan = None if end is None else _d3_cache_plan(*args)
         if plan is None:
             break
-        branch, c0, keep = plan
-        if branch in ("update", "use"):
-            assert (stored or 0) == c0 == manual, f"cache holds [0, {stored}) but the forward starts at {c0}"
-        out = forward(x, c0, keep)  # [1, T - c0, V]
+        branch, c0, arg = plan
+        assert branch in ("full", "refresh") or c0 == manual, "RoPE offset and first computed slot agree"
+        out = forward(x, branch, c0, arg)  # [1, T - c0, V]
         forwards += 1
         logits = out.new_full((1, x.shape[1], out.shape[-1]), float("-inf"))  # the reference's logits_full
         logits[:, c0:] = out
-        if branch == "update":
-            manual = keep
-        if keep is not None:
-            stored = keep
+        manual += arg if branch == "update" else 0
+        has_cache |= branch in ("update", "refresh")
         if trace is not None:
             trace.append(branch)
         seen = torch.arange(x.shape[1]) >= c0

@@ -12,6 +12,9 @@ import torch
 from checkpoints import (
     EOS,
     MASK,
+    _attn,
+    _rms,
+    _rope,
     dream_config,
     dream_state_dict,
     llada_config,
@@ -19,8 +22,7 @@ from checkpoints import (
     reference_dream_logits,
     reference_llada_logits,
 )
-from reference_cached_generate import llada_cached_forward
-from reference_multi_block import d2f_generate, d2f_mask, d3llm_generate, d3llm_generate_cached
+from reference_multi_block import StoreForward, d2f_generate, d2f_mask, d3llm_generate, d3llm_generate_cached
 
 import dlm_decode
 
@@ -93,38 +95,92 @@ def test_d3llm_cache_that_never_caches_is_the_no_cache_loop(request, name, add, 
     assert set(trace) == {"full"}
 
 
+def _literal_forward(name, sd, cfg, ids, pos, past):
+    """The LLaDA / Dream forward of ``checkpoints`` with a literal past-K/V list, as the references' modeling files
+    keep it: (raw logits [1, Q, V], per layer (K after RoPE, V) = the past's followed by the new ones)."""
+    llada = name == "llada"
+    nh, nkv = (cfg["n_heads"], cfg["n_kv_heads"]) if llada else (cfg["num_attention_heads"], cfg["num_key_value_heads"])
+    hd = (cfg["d_model"] if llada else cfg["hidden_size"]) // nh
+    h = sd["model.transformer.wte.weight" if llada else "model.embed_tokens.weight"][ids]
+    present = []
+    for i in range(cfg["n_layers" if llada else "num_hidden_layers"]):
+        p = f"model.transformer.blocks.{i}." if llada else f"model.layers.{i}."
+        a = _rms(h, sd[p + ("attn_norm" if llada else "input_layernorm") + ".weight"], cfg["rms_norm_eps"])
+
+        def proj(n, heads, a=a, p=p):
+            if llada:
+                return (a @ sd[p + f"{n}_proj.weight"].T).view(1, -1, heads, hd).transpose(1, 2)
+            w, bias = sd[p + f"self_attn.{n}_proj.weight"], sd[p + f"self_attn.{n}_proj.bias"]
+            return (a @ w.T + bias).view(1, -1, heads, hd).transpose(1, 2)
+
+        q, k, v = proj("q", nh), proj("k", nkv), proj("v", nkv)
+        q, k = _rope(q, pos, cfg["rope_theta"], llada), _rope(k, pos, cfg["rope_theta"], llada)
+        if past is not None:
+            k, v = torch.cat([past[i][0], k], dim=2), torch.cat([past[i][1], v], dim=2)
+        present.append((k, v))
+        o = _attn(q, k, v, None).transpose(1, 2).reshape(1, ids.shape[1], -1)
+        h = h + o @ sd[p + ("attn_out" if llada else "self_attn.o_proj") + ".weight"].T
+        m = _rms(h, sd[p + ("ff_norm" if llada else "post_attention_layernorm") + ".weight"], cfg["rms_norm_eps"])
+        gate, up, down = (
+            ("ff_proj", "up_proj", "ff_out") if llada else ("mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+        )
+        g = m @ sd[p + gate + ".weight"].T
+        h = h + (g * torch.sigmoid(g) * (m @ sd[p + up + ".weight"].T)) @ sd[p + down + ".weight"].T
+    h = _rms(h, sd["model.transformer.ln_f.weight" if llada else "model.norm.weight"], cfg["rms_norm_eps"])
+    return h @ sd["model.transformer.ff_out.weight" if llada else "lm_head.weight"].T, present
+
+
 class PastKV:
-    """The reference's ``DynamicCache`` taken literally on the independent LLaDA forward of
-    ``reference_cached_generate``: a list of per-layer (K, V), the new ones appended after the past, the first
-    ``keep`` slots kept as the cache."""
+    """The references' ``DynamicCache`` taken literally, on ``_literal_forward``: a list of per-layer (K, V); a
+    forward from c0 passes its positions from c0 (``cache_position``); "update" appends the first ``arg`` new
+    entries, "refresh" keeps the first ``arg`` of a forward without past; Dream's logits shifted as the references
+    read them (``cat(raw[:, :1], raw[:, :-1])`` over the forward)."""
 
-    def __init__(self, sd, cfg):
-        self.sd, self.cfg, self.past = sd, cfg, None
+    def __init__(self, name):
+        self.name, (self.sd, self.cfg), self.past = name, _sd_cfg(name), None
 
-    def __call__(self, x, c0, keep):
-        past = self.past if c0 > 0 else None
-        assert c0 == 0 or past[0][0].shape[2] == c0
-        logits, present = llada_cached_forward(self.sd, self.cfg, x[:, c0:], past=past)
-        if keep is not None:
-            self.past = [(k[:, :, :keep], v[:, :, :keep]) for k, v in present]
-        return logits
+    def __call__(self, x, branch, c0, arg):
+        past = self.past if branch in ("update", "use") else None
+        pos = torch.arange(c0, x.shape[1])[None]
+        raw, present = _literal_forward(self.name, self.sd, self.cfg, x[:, c0:], pos, past)
+        kept = 0 if past is None else past[0][0].shape[2]
+        if branch == "refresh":
+            self.past = [(k[:, :, :arg], v[:, :, :arg]) for k, v in present]
+        elif branch == "update":
+            self.past = [(k[:, :, : kept + arg], v[:, :, : kept + arg]) for k, v in present]
+        return torch.cat([raw[:, :1], raw[:, :-1]], dim=1) if self.name == "dream" else raw
 
 
+@pytest.mark.parametrize("name", ["llada", "dream"])
 @pytest.mark.parametrize("delay,refresh", [(1, 10**4), (2, 3), (0, 2), (2, 4)])
-@pytest.mark.parametrize("add,dec", [(0.25, 0.5), (1.0, 1.0)])
-def test_d3llm_cache_on_the_store_is_the_past_kv_cache(llada, delay, refresh, add, dec):
-    """The delayed cache on ``denoise`` + ``KVStore`` (which slots are computed, seen, written) gives the tokens,
-    forwards and branches of the literal past-K/V cache; every branch runs, and the cache changes the answer."""
-    ids = torch.tensor([PROMPTS[0]])
-    sd, cfg = _sd_cfg("llada")
-    kw = _d3(llada, ids, "llada", 2.0, add, dec, cache_delay_iter=delay, refresh_interval=refresh)
-    store_trace, past_trace = [], []
-    out, forwards = d3llm_generate_cached(llada, ids, **kw, trace=store_trace)
-    lit, lit_forwards = d3llm_generate_cached(llada, ids, **kw, forward=PastKV(sd, cfg), trace=past_trace)
+@pytest.mark.parametrize("add,dec,prompt", [(0.25, 0.5, 0), (1.0, 1.0, 0), (0.1, 0.95, 1)])
+def test_d3llm_cache_on_the_store_is_the_past_kv_cache(request, name, delay, refresh, add, dec, prompt):
+    """The delayed cache on ``denoise`` + ``KVStore`` (which slots are computed, which stored K/V are seen, which are
+    written, which are held twice) gives the tokens, forwards and branches of the literal past-K/V list; every branch
+    runs. Dream's duplicated keys are among the cases (checked in ``test_d3llm_dream_cache_holds_keys_twice``)."""
+    model = request.getfixturevalue(name)
+    ids = torch.tensor([PROMPTS[prompt]])
+    kw = _d3(model, ids, name, ETAS[name][1], add, dec, cache_delay_iter=delay, refresh_interval=refresh)
+    store_trace, past_trace, store = [], [], StoreForward(model, ids.shape[1] + 32)
+    out, forwards = d3llm_generate_cached(model, ids, **kw, forward=store, trace=store_trace)
+    lit, lit_forwards = d3llm_generate_cached(model, ids, **kw, forward=PastKV(name), trace=past_trace)
     assert torch.equal(out, lit) and forwards == lit_forwards and store_trace == past_trace
-    assert {"update", "use"} <= set(store_trace) and not bool((out == MASK).any())
-    if refresh <= 4:
-        assert "refresh" in store_trace
+    assert "update" in store_trace and {"use", "refresh"} & set(store_trace) and not bool((out == MASK).any())
+    if name == "dream" and (delay, add) == (1, 0.1):
+        assert store.duplicated > 0  # the keys held twice, as the literal list holds them
+
+
+@pytest.mark.parametrize("name", ["llada", "dream"])
+def test_d3llm_dream_cache_holds_keys_twice(request, name):
+    """Dream's cache scan goes on past a block still in its delay, so two blocks stabilize together, a refresh keeps
+    both and the next update appends the first one again: keys held twice (the answer of the literal cache, checked
+    above). LLaDA's scan stops there: never."""
+    model = request.getfixturevalue(name)
+    ids = torch.tensor([PROMPTS[1]])
+    kw = _d3(model, ids, name, ETAS[name][1], 0.1, 0.95, cache_delay_iter=1, refresh_interval=10**4)
+    store = StoreForward(model, ids.shape[1] + 32)
+    d3llm_generate_cached(model, ids, **kw, forward=store)
+    assert (store.duplicated > 0) == (name == "dream")
 
 
 def test_d3llm_cache_is_approximate(llada):
