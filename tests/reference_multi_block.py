@@ -19,7 +19,10 @@ cache semantics of ``utils/utils_LLaDA/model/modeling_llada.py`` ``attention()``
 appends the first N new K/V to it, 0 attends to past + new without storing; RoPE positions start at
 ``cache_position[0]``; the attention is bidirectional over every key (``attn_mask=None``).
 :func:`d3llm_generate`: ``model(x [1, T]) -> raw logits``. :func:`d3llm_generate_cached`: a dlm_decode model, run
-through ``denoise`` with a ``KVStore`` (see its docstring for the mapping and the one ill-defined case).
+through ``denoise`` with a ``KVStore`` (see its docstring for the mapping, and for the keys Dream's reference holds
+twice). Early stop keeps a quirk of both references: a step selects among the masks read at its start, also after
+``handle_early_stop`` has turned the slots past the first EOS into EOS, so in that step such a slot can be committed
+again (argmax); the final canvas can hold non-EOS tokens after the first EOS.
 
 Both return ``(tokens, forwards)``: D2F the answer ``x[0, P:]`` ([L] long; shorter than ``max_new_tokens`` when an
 EOS stopped the opening of blocks), d3LLM the final canvas [1, P + G] (as the references return them), and the
@@ -38,7 +41,7 @@ LLaDA and Dream variants (``shift``): what differs.
   masks from the canvas (and, cached, marks the blocks after the EOS as cached); LLaDA only corrects the blocks
   ``handle_early_stop`` touches. Dream's cached variant counts blocks with a ceiling (LLaDA: floor; equal when the gen
   length is a multiple of the block) and its cache scan does not stop at a block still within its delay (LLaDA's
-  does): see :func:`d3llm_generate_cached`. The LLaDA no-cache loop decrements mask counts without a floor, the
+  does), so Dream can hold a block's keys twice: see :func:`d3llm_generate_cached`. The LLaDA no-cache loop decrements mask counts without a floor, the
   cached loops floor them at 0. Both: argmax tokens, entropy of the float64 softmax with epsilon 1e-12, no top-p /
   top-k at temperature 0 (Dream's ``alg`` must be ``entropy_threshold``).
 

@@ -394,3 +394,19 @@ def test_d3llm_early_stop_without_eos_changes_nothing(request, name):
     off, f_off = d3llm_generate(_raw(model), ids, **kw)
     on, f_on = d3llm_generate(_raw(model), ids, **(kw | {"early_stop": True}))
     assert torch.equal(on, off) and f_on == f_off
+
+
+@pytest.mark.parametrize("name", ["llada", "dream"])
+def test_d3llm_early_stop_with_the_cache_on_the_store_is_the_past_kv_cache(request, name):
+    """Early stop with an EOS the tiny model commits (blocks after it created finished and, in the cached loops,
+    marked cached): the store mapping still gives the literal past-K/V list's answer, in fewer forwards than
+    without early stop."""
+    model = request.getfixturevalue(name)
+    ids = torch.tensor([PROMPTS[0]])
+    kw = _d3(model, ids, name, ETAS[name][1], 0.25, 0.5, cache_delay_iter=1, refresh_interval=4, eos_id=MASK + 100)
+    full, full_forwards = d3llm_generate_cached(model, ids, **kw)
+    kw |= {"eos_id": int(full[0, ids.shape[1] + 10]), "early_stop": True}  # committed in the second block
+    out, forwards = d3llm_generate_cached(model, ids, **kw)
+    lit, lit_forwards = d3llm_generate_cached(model, ids, **kw, forward=PastKV(name))
+    assert torch.equal(out, lit) and forwards == lit_forwards < full_forwards
+    assert not bool((out == MASK).any())
