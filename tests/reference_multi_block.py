@@ -41,9 +41,9 @@ LLaDA and Dream variants (``shift``): what differs.
   masks from the canvas (and, cached, marks the blocks after the EOS as cached); LLaDA only corrects the blocks
   ``handle_early_stop`` touches. Dream's cached variant counts blocks with a ceiling (LLaDA: floor; equal when the gen
   length is a multiple of the block) and its cache scan does not stop at a block still within its delay (LLaDA's
-  does), so Dream can hold a block's keys twice: see :func:`d3llm_generate_cached`. The LLaDA no-cache loop decrements mask counts without a floor, the
-  cached loops floor them at 0. Both: argmax tokens, entropy of the float64 softmax with epsilon 1e-12, no top-p /
-  top-k at temperature 0 (Dream's ``alg`` must be ``entropy_threshold``).
+  does), so Dream can hold a block's keys twice: see :func:`d3llm_generate_cached`. The no-cache loops decrement
+  mask counts without a floor, the cached loops floor them at 0. Both: argmax tokens, entropy of the float64
+  softmax with epsilon 1e-12, no top-p / top-k at temperature 0 (Dream's ``alg`` must be ``entropy_threshold``).
 
 Published settings (temperature 0 unless said; gen length = ``max_new_tokens``):
 - D2F LLaDA (``D2F-eval/eval_llada.sh``, LLaDA-8B-Instruct + D2F_LLaDA_Instruct_8B_Lora, bf16, gen 512):
