@@ -56,14 +56,17 @@ Published settings (temperature 0 unless said; gen length = ``max_new_tokens``):
   temperature 0, early_stop False): ``generate_multi_block`` threshold 0.5 (gsm8k_cot, math), 0.4 (long gsm8k,
   mbpp), early_stop True; ``generate_multi_block_kv_cache``: gsm8k_cot threshold 0.5, delay 2, refresh 3; long gsm8k
   0.4, delay 2, refresh 10000; math 0.5, delay 1, refresh 10000; mbpp 0.4, delay 1, refresh 10000; humaneval 0.5,
-  delay 2, refresh 4 with block_add 1.0 and decoded 1.0; all early_stop True.
+  delay 2, refresh 4 with block_add 1.0 and decoded 1.0; all early_stop True. (``llada_humaneval.sh``'s section
+  titled generate_multi_block passes no generation_method: it runs the harness default ``generate``.)
 - d3LLM Dream (``eval_scripts/dream_*.sh``, d3LLM/d3LLM_Dream, ``generation_method=generation_multi_block``,
-  gen 256, block 32, block_add 0.1, decoded 0.95; ``cache_delay_iter`` >= 10000 selects the no-cache loop):
+  gen 256, block 32, block_add 0.1, decoded 0.95, all passed explicitly (the harness defaults in
+  ``utils/utils_Dream/eval_instruct/lm_eval/models/diffllm.py``: threshold 0.45, block_add 1.0, decoded 1.0,
+  delay 10000, refresh 10000, early_stop False); ``cache_delay_iter`` >= 10000 selects the no-cache loop):
   no cache: gsm8k_cot 0.4, math 0.4, mbpp 0.4 (temperature 0), humaneval 0.5 and long gsm8k 0.4 at temperature 0.1
   (humaneval with early_stop True); cached: gsm8k_cot 0.4 delay 1, long gsm8k 0.45 delay 1, math 0.4 delay 2,
   mbpp 0.45 delay 2 (temperature 0), humaneval 0.5 delay 2 (temperature 0.1); refresh 10000, early_stop True.
   ``eval_scripts/dream-coder.sh`` (d3LLM_Dream_Coder, evalplus): gen 512, threshold 0.5, block 32, add 0.1,
-  decoded 0.95, delay 32, early_stop True.
+  decoded 0.95, delay 32, early_stop True (no refresh given).
 """
 
 from __future__ import annotations
