@@ -189,7 +189,8 @@ def _rope(x: torch.Tensor, pos: torch.Tensor, theta: float, fp32: bool) -> torch
     return _rotate(x, *_rope_tables(pos, x.shape[-1], theta), fp32)
 
 
-def _attn(q, k, v, keymask):
+def _attn(q, k, v, keymask, mask4d=None):
+    """``mask4d``: an optional [B or 1, 1, Tq, Tk] mask, bool (True = visible) or additive float (0 / -inf)."""
     b, h, t, hd = q.shape
     rep = h // k.shape[1]
     k = k.repeat_interleave(rep, 1)
@@ -197,10 +198,13 @@ def _attn(q, k, v, keymask):
     s = q @ k.transpose(-1, -2) / math.sqrt(hd)
     if keymask is not None:  # [B, T] keys, or a [B, 1, T, T] bool mask per query
         s = s.masked_fill(~(keymask if keymask.dim() == 4 else keymask[:, None, None, :]), float("-inf"))
+    if mask4d is not None:
+        s = s.masked_fill(~mask4d, float("-inf")) if mask4d.dtype == torch.bool else s + mask4d.to(s.dtype)
     return torch.softmax(s.float(), -1).to(q.dtype) @ v
 
 
-def reference_llada_logits(sd, cfg, ids, pos=None, keymask=None) -> torch.Tensor:
+def reference_llada_logits(sd, cfg, ids, pos=None, keymask=None, mask4d=None) -> torch.Tensor:
+    """``mask4d``: an optional attention mask [B or 1, 1, T, T] (see ``_attn``) over the key mask, if any."""
     b, t = ids.shape
     pos = torch.arange(t).expand(b, t) if pos is None else pos
     h = sd["model.transformer.wte.weight"][ids]
@@ -213,7 +217,7 @@ def reference_llada_logits(sd, cfg, ids, pos=None, keymask=None) -> torch.Tensor
         k = (a @ sd[p + "k_proj.weight"].T).view(b, t, nkv, hd).transpose(1, 2)
         v = (a @ sd[p + "v_proj.weight"].T).view(b, t, nkv, hd).transpose(1, 2)
         q, k = _rope(q, pos, cfg["rope_theta"], True), _rope(k, pos, cfg["rope_theta"], True)
-        o = _attn(q, k, v, keymask).transpose(1, 2).reshape(b, t, -1)
+        o = _attn(q, k, v, keymask, mask4d).transpose(1, 2).reshape(b, t, -1)
         h = h + o @ sd[p + "attn_out.weight"].T
         m = _rms(h, sd[p + "ff_norm.weight"], cfg["rms_norm_eps"])
         g = m @ sd[p + "ff_proj.weight"].T
@@ -222,8 +226,9 @@ def reference_llada_logits(sd, cfg, ids, pos=None, keymask=None) -> torch.Tensor
     return h @ sd["model.transformer.ff_out.weight"].T
 
 
-def reference_dream_logits(sd, cfg, ids, pos=None, keymask=None) -> torch.Tensor:
-    """Raw (unshifted) Dream logits, as the official forward returns them."""
+def reference_dream_logits(sd, cfg, ids, pos=None, keymask=None, mask4d=None) -> torch.Tensor:
+    """Raw (unshifted) Dream logits, as the official forward returns them; ``mask4d`` as in
+    ``reference_llada_logits``."""
     b, t = ids.shape
     pos = torch.arange(t).expand(b, t) if pos is None else pos
     h = sd["model.embed_tokens.weight"][ids]
@@ -239,7 +244,7 @@ def reference_dream_logits(sd, cfg, ids, pos=None, keymask=None) -> torch.Tensor
 
         q, k, v = proj("q", nh), proj("k", nkv), proj("v", nkv)
         q, k = _rope(q, pos, cfg["rope_theta"], False), _rope(k, pos, cfg["rope_theta"], False)
-        o = _attn(q, k, v, keymask).transpose(1, 2).reshape(b, t, -1)
+        o = _attn(q, k, v, keymask, mask4d).transpose(1, 2).reshape(b, t, -1)
         h = h + o @ sd[p + "self_attn.o_proj.weight"].T
         m = _rms(h, sd[p + "post_attention_layernorm.weight"], cfg["rms_norm_eps"])
         g = m @ sd[p + "mlp.gate_proj.weight"].T
