@@ -5,7 +5,8 @@ Blocks lie on the grid of ``core.frontier`` (the prompt is block 0, answer block
 prompt's end). A row's cached prefix grows a whole block at a time, in order: once the first block after it has no
 MASK left, it *stabilizes* for ``cache_delay_iter`` steps, then the step's forward computes from the prefix's end on
 and the block's K/V are kept as part of the prefix. Per step, per row, as the reference decides at the start of the
-step (``nfe``: this forward's 1-based number):
+step (``nfe``: the row's 1-based forward number, counting the forwards it takes part in, so a row waiting for
+its batch mates at a block end decides as it would alone):
 
 * the first uncached block is done and has waited ``cache_delay_iter`` steps: it joins the prefix (with a delay of 0
   every done block after it too); this forward computes from the old prefix end on, against the cached prefix;
@@ -56,26 +57,34 @@ class DelayedCache(CachePolicy):
 
     def plan(self, state: DecodeState, region: tuple[int, int]) -> StepPlan:
         memo = self._memory(state)
-        nfe = state.step + 1
-        first_end = self._first_block_end(state, memo["cached"])
-        done = ~self._masked_in(state, memo["cached"], first_end)  # [B] the first uncached block has no MASK
-        memo["seen"] = torch.where(done & (memo["seen"] < 0), nfe, memo["seen"])
-        join = done & (nfe - memo["seen"] >= self.cache_delay_iter) & (first_end <= self._cap(state))
-        waiting = done & ~join
-        start = memo["cached"].clone()  # [B] this forward computes from here (old prefix end), unless full
-        cached = torch.where(join, first_end, memo["cached"])
-        memo["seen"] = torch.where(join, -1, memo["seen"])
-        if self.cache_delay_iter == 0:  # every done block after it joins in the same step
-            cached, memo["seen"] = self._join_run(state, cached, join, memo["seen"])
-        due = self.refresh_interval is not None and nfe % self.refresh_interval == 0
-        full = ~memo["stored"] | waiting | (due & ~join)  # no store yet, stabilizing, or a periodic refresh
-        memo["cached"] = cached
-        memo["stored"] = memo["stored"] | join  # the first prefix write creates the reference's cache
+        nfe = state.stats.row_steps + 1  # [B] each row's forward number (a row waiting in a batch does not count)
+        start = memo["cached"]  # [B] this forward computes from the old prefix end, unless it is full
+        cached, seen, joined = self._scan(state, memo["cached"], memo["seen"], nfe)
+        end = self._first_block_end(state, cached)
+        waiting = (end > cached) & ~self._masked_in(state, cached, end)  # a done block waits out its delay
+        due = nfe % self.refresh_interval == 0 if self.refresh_interval is not None else torch.zeros_like(joined)
+        full = ~joined & (~memo["stored"] | waiting | due)  # no store yet, stabilizing, or a periodic refresh
+        memo.update(cached=cached, seen=seen, stored=memo["stored"] | joined)  # a first join creates the store
         start = torch.where(full, 0, start - state.logit_shift).clamp(min=0)
         need = (slots(state)[None, :] >= start[:, None]).expand(state.batch, -1)
         return StepPlan(
-            compute=compute_from_mask(need, state, region), key_mask=state.key_mask(), refresh=bool(full.all())
+            compute=compute_from_mask(need, state, region), key_mask=state.key_mask(), refresh=bool((start == 0).all())
         )
+
+    def _scan(self, state: DecodeState, cached: torch.Tensor, seen: torch.Tensor, nfe: torch.Tensor):
+        """The reference's scan over the blocks after the prefix, in order: a done block is stamped when first seen
+        and joins once it has waited ``cache_delay_iter`` forwards; the scan of a row stops at its first block that
+        has a MASK or still waits. -> (prefix ends [B], stamps [B], rows whose prefix grew [B])."""
+        cap = self._cap(state)
+        joined = torch.zeros_like(cached, dtype=torch.bool)
+        while True:
+            end = self._first_block_end(state, cached)
+            done = (end > cached) & ~self._masked_in(state, cached, end)
+            seen = torch.where(done & (seen < 0), nfe, seen)
+            join = done & (nfe - seen >= self.cache_delay_iter) & (end <= cap)
+            if not bool(join.any()):
+                return cached, seen, joined
+            cached, seen, joined = torch.where(join, end, cached), torch.where(join, -1, seen), joined | join
 
     def report(self, state: DecodeState) -> dict[str, Any]:
         memo = state.scratch.get(self.name)
@@ -85,7 +94,8 @@ class DelayedCache(CachePolicy):
         memo = state.scratch.get(self.name)
         if memo is None:
             zeros = torch.zeros(state.batch, dtype=torch.long, device=state.device)
-            memo = {"cached": zeros, "seen": zeros - 1, "stored": torch.zeros_like(zeros, dtype=torch.bool)}
+            # the prompt, the first block, counts as done at forward 0 (the reference's ``completed_at_nfe`` 0)
+            memo = {"cached": zeros, "seen": zeros.clone(), "stored": torch.zeros_like(zeros, dtype=torch.bool)}
             state.scratch[self.name] = memo
         return memo
 
@@ -113,13 +123,3 @@ class DelayedCache(CachePolicy):
         first = torch.where(is_eos, torch.arange(gen.shape[1], device=state.device), gen.shape[1]).min(1).values
         end = p + (torch.div(first, b, rounding_mode="floor") + 1) * b
         return torch.where(is_eos.any(1), end, cap)
-
-    def _join_run(self, state, cached, join, seen) -> tuple[torch.Tensor, torch.Tensor]:
-        """With no delay: done blocks after a joining one join too, in order."""
-        cap = self._cap(state)
-        while True:
-            nxt = self._first_block_end(state, cached)
-            more = join & (nxt > cached) & ~self._masked_in(state, cached, nxt) & (nxt <= cap)
-            if not bool(more.any()):
-                return cached, seen
-            cached = torch.where(more, nxt, cached)
