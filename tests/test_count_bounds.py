@@ -74,8 +74,8 @@ NOT_COUNTS = {
     ("early_commit", "answer_length"): "checked with answer_offset against the generation window",
     ("early_commit", "prefix_offset"): "a generation offset, checked against the generation window",
     ("token_editing", "max_post_steps"): "editing steps after the block has no MASK left: not steps of the block",
-    ("delayed", "cache_delay_iter"): "steps a done block waits; past the call's end it means never (the reference default)",
-    ("delayed", "refresh_interval"): "forwards of the whole call; past the call's end it means never (the published 10000)",
+    ("delayed", "cache_delay_iter"): "steps a done block waits; past the call's end: never (the reference default)",
+    ("delayed", "refresh_interval"): "forwards of the call; past the call's end: never (the published 10000)",
     ("dkv_greedy", "window"): "neighbours on each side, bounded to 0..3 by its own check",
 }
 
