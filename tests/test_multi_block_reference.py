@@ -5,8 +5,7 @@ its uncached re-statement, d3LLM's delayed cache against its past-K/V re-stateme
 
 Known differences, on purpose, not compared here (documented in ``samplers/multi_block.py`` and
 ``cache/delayed.py``): d3LLM's Dream cached loop gives the first slot of a forward that starts mid-canvas its own
-logit and can hold a block's keys twice (we predict that slot from the slot before it and keep each key once);
-d3LLM's early stop lets the step that fills the slots after the first EOS commit them again.
+logit and can hold a block's keys twice (we predict that slot from the slot before it and keep each key once).
 """
 
 from __future__ import annotations
@@ -85,37 +84,41 @@ def test_d2f_covers_eos_in_an_open_block():
 ETAS = {"llada": [2.0, 3.0], "dream": [1.5, 2.5]}  # several masks per step on the tiny checkpoints
 
 
-def _d3_kw(name, eta, add, dec):
+def _d3_kw(name, eta, add, dec, early=False):
     return dict(
         mask_id=MASK, eos_id=EOS, block_size=BLOCK, max_new_tokens=GEN, threshold=eta, block_add_threshold=add,
-        decoded_token_threshold=dec, early_stop=False, shift=name == "dream",
+        decoded_token_threshold=dec, early_stop=early, shift=name == "dream",
     )  # fmt: skip
 
 
-def _d3_options(name, eta, add, dec):
-    return {"eta": eta, "block_add_threshold": add, "decoded_token_threshold": dec, "global_best": name == "llada"}
+def _d3_options(name, eta, add, dec, early=False):
+    opts = {"eta": eta, "block_add_threshold": add, "decoded_token_threshold": dec, "global_best": name == "llada"}
+    return opts | {"early_stop": early}
 
 
 @pytest.mark.parametrize("name", ["llada", "dream"])
 @pytest.mark.parametrize("prompt", PROMPTS)
 @pytest.mark.parametrize(("add", "dec"), SHARES)
 @pytest.mark.parametrize("which", [0, 1])
-def test_d3llm_without_cache(request, name, prompt, add, dec, which):
+@pytest.mark.parametrize("early", [False, True])
+def test_d3llm_without_cache(request, name, prompt, add, dec, which, early):
     model = request.getfixturevalue(name)
     eta = ETAS[name][which]
-    ref, forwards = d3llm_generate(lambda ids: model(ids).logits, torch.tensor([prompt]), **_d3_kw(name, eta, add, dec))
-    out = _ours(model, prompt, "entropy_threshold", _d3_options(name, eta, add, dec), cache="none")
+    kw = _d3_kw(name, eta, add, dec, early)
+    ref, forwards = d3llm_generate(lambda ids: model(ids).logits, torch.tensor([prompt]), **kw)
+    out = _ours(model, prompt, "entropy_threshold", _d3_options(name, eta, add, dec, early), cache="none")
     assert torch.equal(out.sequences, ref) and out.nfe == forwards
 
 
 @pytest.mark.parametrize("prompt", PROMPTS)
 @pytest.mark.parametrize(("add", "dec"), SHARES)
 @pytest.mark.parametrize(("delay", "refresh"), [(1, 10000), (2, 3), (0, 10000), (10000, 10000)])
-def test_d3llm_delayed_cache_llada(llada, prompt, add, dec, delay, refresh):
+@pytest.mark.parametrize("early", [False, True])
+def test_d3llm_delayed_cache_llada(llada, prompt, add, dec, delay, refresh, early):
     eta = ETAS["llada"][0]
-    kw = _d3_kw("llada", eta, add, dec) | {"cache_delay_iter": delay, "refresh_interval": refresh}
+    kw = _d3_kw("llada", eta, add, dec, early) | {"cache_delay_iter": delay, "refresh_interval": refresh}
     ref, forwards = d3llm_generate_cached(llada, torch.tensor([prompt]), **kw)
     cache_options = {"cache_delay_iter": delay, "refresh_interval": refresh}
-    out = _ours(llada, prompt, "entropy_threshold", _d3_options("llada", eta, add, dec), cache="delayed",
+    out = _ours(llada, prompt, "entropy_threshold", _d3_options("llada", eta, add, dec, early), cache="delayed",
                 cache_options=cache_options)  # fmt: skip
     assert torch.equal(out.sequences, ref) and out.nfe == forwards

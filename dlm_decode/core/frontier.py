@@ -17,7 +17,9 @@ blocks on a grid that starts where the answer starts:
 EOS (``early_stop``, off by default, on in the D2F and d3LLM presets as in their references): D2F's rule stops
 opening blocks once any end id has been committed (its open blocks are still finished; the slots of blocks never
 opened get the fill id, as a cut); d3LLM's rule also fills every slot after the first committed end id with the
-fill id at the start of each step (masks included). Without it every block opens, whatever the answer holds (the
+fill id at the start of each step (masks included); as in d3LLM's loops, that step still selects among the slots
+it filled (they were masks when the step began, ``DecodeState.phantom``), so they may be committed again, and a
+row that ends there keeps those tokens. Without it every block opens, whatever the answer holds (the
 d3LLM function's default; D2F's reference always stops). Differences, on purpose: the references look for one id
 (D2F LLaDA hard-codes 126081, D2F Dream and d3LLM take the tokenizer's EOS); we look for every end id of the model
 (``DecodeState.eos_ids``) and fill with the call's fill id.
@@ -120,9 +122,13 @@ def update(state: DecodeState, cut) -> None:
     frontier = state.cursor.frontier
     rule = frontier.rule
     live = ~state.finished
+    state.phantom = None
     hit, first_eos = _first_eos(state)
     if rule.early_stop and rule.selection == "global":  # d3LLM: everything after the first end id is the fill id
+        masked = state.is_masked()
         cut(state, torch.where(hit & live, first_eos + 1, -1))
+        filled = masked & ~state.is_masked()  # d3LLM still selects among them in this step (its masks were read
+        state.phantom = filled if bool(filled.any()) else None  # before the fill): they may be committed again
     if rule.early_stop or state.inputs.block_causal:  # block-causal models stop after their EOS block anyway
         frontier.closed |= hit
     share = shares(state, frontier)  # [B, N]
@@ -138,6 +144,10 @@ def update(state: DecodeState, cut) -> None:
     done = live & frontier.closed & ~state.block_masked().any(1)  # nothing left to decode in the opened blocks
     cut(state, torch.where(done, state.cursor.block_end, -1))
     state.finished |= live & ~state.is_masked()[:, state.prompt_len :].any(1)
+    if state.phantom is not None:  # d3LLM's blocks after the EOS count as open for this step: its selection reaches
+        idx = torch.arange(state.total_length, device=state.device)  # the slots it just filled
+        last = torch.where(state.phantom, idx + 1, 0).max(1).values
+        state.cursor.block_end = torch.maximum(state.cursor.block_end, last)
 
 
 def _first_eos(state: DecodeState) -> tuple[torch.Tensor, torch.Tensor]:

@@ -126,6 +126,9 @@ class DecodeState:
     cursor: BlockCursor
     stats: DecodeStats
     scratch: dict[str, Any] = field(default_factory=dict)  # per-call memory of samplers and caches, keyed by owner
+    # [B, T] bool or None: slots the loop filled at this step's start that still count as masked slots of the block
+    # for this step's selection (d3LLM's early stop, ``core.frontier``); cleared at the next step's start
+    phantom: torch.Tensor | None = None
     _memo: dict[str, Any] = field(default_factory=dict, repr=False)  # derived views shared within a step
 
     # -- read-only views of the inputs
@@ -244,7 +247,7 @@ class DecodeState:
         if block_end is not None:
             return self._block_masked(block_end)
         cur = self.cursor
-        key = (self.canvas, self.canvas._version, self.finished, self.finished._version, cur.block_start)
+        key = (self.canvas, self.canvas._version, self.finished, self.finished._version, cur.block_start, self.phantom)
         key += (cur.block_end, None if cur.block_end is None else cur.block_end._version)
         memo = self._memo.get("block_masked")
         if memo is None or not all(_same(a, b) for a, b in zip(memo[0], key, strict=True)):
@@ -253,7 +256,8 @@ class DecodeState:
         return memo[1]
 
     def _block_masked(self, block_end: torch.Tensor | None) -> torch.Tensor:  # [B, T], the rule itself
-        return self.is_masked() & self.in_block(block_end) & ~self.finished[:, None]
+        masked = self.is_masked() if self.phantom is None else self.is_masked() | self.phantom
+        return masked & self.in_block(block_end) & ~self.finished[:, None]
 
     def region(self) -> tuple[int, int]:
         """Default logits region: the current block (widest row)."""

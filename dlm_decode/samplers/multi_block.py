@@ -19,7 +19,8 @@ Differences, on purpose: D2F's threshold test is strict (``p > skip_threshold``)
 D2F computes confidences in the model dtype where we use float64: they differ only on exact ties. At temperature > 0
 the references draw differently (D2F: ``Categorical`` per block, d3LLM: Gumbel noise over the whole canvas; d3LLM's
 forced slot takes the argmax token): ours draws the sampler's usual Gumbel proposals over the region, and the forced
-slot takes its proposal.
+slot takes its proposal. The forced block is the first fully activated one with a real MASK (not a slot an early
+stop just filled, ``DecodeState.phantom``), as the references count masks.
 """
 
 from __future__ import annotations
@@ -99,7 +100,8 @@ def global_pick(
     if best:
         commit = commit | top_k_per_row(torch.where(cand, score, float("-inf")), cand.any(1).long(), kmax=1) & cand
     big = torch.iinfo(torch.long).max
-    first = torch.where(cand & full, blk, big).min(1).values  # [B] the first fully activated block with a MASK
+    real = cand & state.is_masked()[:, r0 : r0 + score.shape[1]]  # not the slots an early stop just filled
+    first = torch.where(real & full, blk, big).min(1).values  # [B] the first fully activated block with a MASK
     in_first = cand & (blk == first[:, None])
     starved = in_first.any(1) & ~(commit & in_first).any(1)  # [B]
     forced = top_k_per_row(torch.where(in_first, score, float("-inf")), starved.long(), kmax=1) & in_first
