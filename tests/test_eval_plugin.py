@@ -519,12 +519,25 @@ def test_data_parallel_two_cpu_processes_match_one(tok_dirs, tmp_path):
 # ---------------------------------------------------------------------------------------------- demo model
 
 
+D3LLM = {"eta": 0.2, "block_add_threshold": 0.5, "decoded_token_threshold": 0.75, "early_stop": True}
+D2F = {"threshold": 0.9, "block_add_threshold": 0.5, "decoded_token_threshold": 0.75, "early_stop": True}
+ANSWER = "answer_block_causal"
+
+
 @needs_pb
 @pytest.mark.parametrize(
     "op, decoding, lm_batch, runner_batch",
     [
         ("copy", dict(sampler="low_confidence", steps=32), 2, 4),
         ("reverse", dict(sampler="threshold", cache="dual"), 3, 2),
+        # several blocks in flight: d3LLM's rule and cache, and D2F's attention with its exact cache
+        ("copy", dict(sampler="entropy_threshold", sampler_options=D3LLM, cache="delayed", block_length=8), 2, 3),
+        (
+            "reverse",
+            dict(sampler="threshold", sampler_options=D2F, attention=ANSWER, cache="prefix", block_length=8),
+            3,
+            2,
+        ),
     ],
 )
 def test_demo_lm_eval_equals_the_runner_and_direct_decoding(task_manager, op, decoding, lm_batch, runner_batch):
@@ -532,7 +545,7 @@ def test_demo_lm_eval_equals_the_runner_and_direct_decoding(task_manager, op, de
     from dlm_decode.parallelbench import build_messages, load_task, score_sample
     from dlm_decode.parallelbench.runner import run_task
 
-    decoding = dict(decoding, gen_length=32, block_length=32, temperature=0.0, seed=0)
+    decoding = dict(gen_length=32, block_length=32, temperature=0.0, seed=0) | decoding
     name, n = f"parallelbench_waiting_line_{op}", 4
     lm = DLMDecodeLM(pretrained="demo-llada", batch_size=lm_batch, progress=False, **decoding)
     res = lm_eval.simple_evaluate(
