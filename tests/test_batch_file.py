@@ -24,6 +24,11 @@ LINES = [
      "body": {"messages": [{"role": "user", "content": "Reverse: a b c"}], "max_tokens": 32, "steps": 32,
               "sampler": "low_confidence", "block_length": 16, "cache": "none"}},
     {"custom_id": "bad-url", "url": "/v1/embeddings", "body": {"input": "x"}},
+    {"custom_id": "d", "url": "/v1/chat/completions",  # several blocks in flight, the exact cache
+     "body": {"messages": CHAT, "max_tokens": 64, "sampler": "threshold", "block_length": 8,
+              "sampler_options": {"threshold": 0.9, "block_add_threshold": 0.5, "decoded_token_threshold": 0.9}}},
+    {"custom_id": "bad-attention", "url": "/v1/completions",  # D2F's attention on a block-causal model
+     "body": {"prompt": [5, 6], "attention": "answer_block_causal"}},
 ]  # fmt: skip
 
 
@@ -57,7 +62,8 @@ def test_batch_file_lines_equal_generate_alone(tmp_path, capsys):
         assert body["dlm"]["completion_ids"] == row.generated_ids[: len(body["dlm"]["completion_ids"])]
         assert body["usage"]["completion_tokens"] == len(body["dlm"]["completion_ids"])
     assert "logit_bias" in out[2]["error"]["message"] and "nope" in out[3]["error"]["message"]
-    assert "url" in out[5]["error"]["message"] and "not JSON" in out[6]["error"]["message"]
+    assert "url" in out[5]["error"]["message"] and "not JSON" in out[-1]["error"]["message"]
+    assert "block-causal already" in out[7]["error"]["message"]
 
 
 def test_resume_skips_written_lines(tmp_path):
