@@ -159,7 +159,8 @@ def run_once(family: str, way: str, model, ref, prompts, args) -> tuple[float, l
     start = time.perf_counter()
     if way == "ours":
         with ForwardClock(model) as clock:
-            out = dlm_decode.generate(model, prompts, cache="prefix", gen_length=args.gen, **_ours_options(family, args))
+            opts = _ours_options(family, args)
+            out = dlm_decode.generate(model, prompts, cache="prefix", gen_length=args.gen, **opts)
         answers, nfe, fwd = [answer(r.generated_ids, eos, args.gen) for r in out.rows], out.nfe, clock.seconds
         assert clock.calls == nfe, (clock.calls, nfe)
     else:
