@@ -37,8 +37,8 @@ Differences from the reference, on purpose:
 * temperature > 0: the proposals are the loop's Gumbel draws with top-p (the same distribution as the reference's
   ``multinomial`` after top-p, other random numbers); the confidence is the probability under the unfiltered softmax
   of the logits, as the reference's ``p_1t``.
-* ``use_block_cache`` (the reference's approximate sub-block cache) is ``cache.sub_block.SubBlockCache`` (pass
-  ``cache=SubBlockCache()``); the default is the exact ``prefix`` cache.
+* ``use_block_cache`` (the reference's approximate sub-block cache) is the ``sub_block`` cache
+  (``cache.sub_block.SubBlockCache``; ``--cache sub_block``); the default is the exact ``prefix`` cache.
 """
 
 from __future__ import annotations
