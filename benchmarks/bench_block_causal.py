@@ -1,7 +1,7 @@
 """Block-causal families' speed (issue 76 item 5): SDAR / TraDo and Fast-dLLM v2, ours with the exact K/V cache
 against their reference loops re-stated, on random checkpoints in the published formats.
 
-    OMP_NUM_THREADS=1 python benchmarks/bench_block_causal.py --hidden 512 --batches 1,8 --repeats 3
+    OMP_NUM_THREADS=1 python benchmarks/bench_block_causal.py --hidden 512 --batches 1,8 --repeats 2
 
 Per family one random checkpoint (``tests/sdar_reference.py`` / ``tests/fast_dllm_v2_reference.py``'s format at
 ``--hidden`` widths, head_dim 128, ``--layers`` layers, the real ``--vocab``, untied head with MASK's row zeroed, the
