@@ -67,7 +67,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batches", default="1,8")
     p.add_argument(
         "--caches",
-        default=",".join(["none"] + sorted(set(CACHES) - {"none"})),
+        # every cache the bidirectional samplers run with (not sub_block: Fast-dLLM v2's sampler only)
+        default=",".join(["none"] + sorted(c for c in CACHES if c != "none" and not CACHES[c].samplers)),
         help="comma-separated; a cache may carry options as NAME[KEY=VALUE;KEY=VALUE], e.g. window[prune_refresh=true]",
     )
     p.add_argument("--samplers", default=",".join(SAMPLERS))

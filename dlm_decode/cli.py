@@ -88,8 +88,9 @@ def missing_extra(command: str) -> str | None:
 
 def add_decoding_args(p: argparse.ArgumentParser, *, task_lengths: bool = False) -> None:
     """Flags every decoding command shares (same names in generate, parallelbench, demo, benchmarks).
-    ``task_lengths``: each task sets the gen length (ParallelBench), and a ``--preset`` sets no lengths; else an
-    unset gen length is the checkpoint's (its ``generation_config.json``), else 128."""
+    ``task_lengths``: each task sets the gen length (ParallelBench), and a ``--preset`` sets only the lengths it
+    holds per block (a preset naming no gen length: its block and steps per block); else an unset gen length is the
+    checkpoint's (its ``generation_config.json``), else 128."""
     preset_lengths = not task_lengths
     lengths = "the task's: 32 waiting line, 64 puzzles" if task_lengths else "the checkpoint's, else 128"
     g = p.add_argument_group("decoding")
@@ -99,7 +100,11 @@ def add_decoding_args(p: argparse.ArgumentParser, *, task_lengths: bool = False)
         default=None,
         metavar="NAME",
         help="a paper's published setting: sets the sampler and its options"
-        + (" and, unless given, gen length, block length and steps" if preset_lengths else "")
+        + (
+            " and, unless given, gen length, block length and steps"
+            if preset_lengths
+            else " and, unless given, the block length and steps of a preset naming no gen length (block-causal)"
+        )
         + "; --sampler-opt adds to / overrides its options. One of: "
         + ", ".join(sorted(PRESETS)),
     )
@@ -191,8 +196,12 @@ def decoding_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         sampling = {k: resolved[k] for k in ("temperature", "top_p", "attention") if k in resolved}
         if cache is None and resolved.get("cache"):  # the preset's cache, its options under the given ones
             cache, cache_options = resolved["cache"], resolved["cache_options"] | cache_options
-        if args._preset_lengths:  # commands with their own lengths (ParallelBench) keep them
-            overrides = {k: resolved[k] for k in ("gen_length", "block_length", "steps") if k in resolved}
+        # commands with their own lengths (ParallelBench) keep them, except a preset's block and steps per block
+        # when it names no gen length (the block-causal models' trained block: SDAR's 4, LLaDA2's 32)
+        keep = ("gen_length", "block_length", "steps") if args._preset_lengths else ()
+        if not args._preset_lengths and "gen_length" not in preset.config:
+            keep = ("block_length", "steps")
+        overrides = {k: resolved[k] for k in keep if k in resolved}
     # unset: the checkpoint's (``check_request``), else DecodeConfig's 128; ParallelBench: each task's
     gen_length = args.gen_length if args.gen_length is not None else overrides.get("gen_length")
     sampler = preset.sampler if preset else (args.sampler or "low_confidence")

@@ -131,7 +131,7 @@ def demo_configs(quick: bool = False, max_configs: int = 26) -> list[dict[str, A
     for s in names:
         configs.append(cfg(s, k=FIXED_BUDGET_K if get_sampler(s).traits.fixed_budget else None))
     primary = next(s for s in PRIMARY if s in SAMPLERS)
-    caches = [c for c in CACHES if c != "none"]
+    caches = [c for c in CACHES if c != "none" and CACHES[c].runs_with(primary)]  # not sub_block (fast_dllm_v2's)
     if quick:
         caches = [c for c in ("prefix", "dual") if c in CACHES] or caches[:2]
     k = None if not get_sampler(primary).traits.fixed_budget else 1

@@ -236,3 +236,41 @@ def test_serving_benchmark_runs_every_setup_and_prints_json_last(capsys):
         assert r["req_per_s"] > 0 and 0 < r["p50_s"] <= r["p95_s"] and r["tokens_per_s"] >= 0
     with pytest.raises(SystemExit):
         bench.main(["--setups", "engine,nope"])
+
+
+def test_block_causal_bench_runs_both_families_and_prints_json_last(capsys):
+    """``benchmarks/bench_block_causal.py`` at tiny sizes: every way gives ours' tokens, the forward counts are the
+    references' minus exactly what our exact cache saves (SDAR: the prompt's prefill and one ``store_kv`` forward per
+    decoded block; Fast-dLLM v2: the prefill of a prompt ending mid-block and the write after the last block), every
+    decode's forwards are clocked inside its seconds, and the last line is the JSON with the thread count."""
+    bc = load_script("benchmarks/bench_block_causal.py")
+    argv = ["--hidden", "128", "--layers", "1", "--vocab", "512", "--prompt", "12", "--gen", "24", "--repeats", "1"]
+    assert bc.main(argv + ["--fdllm-block", "8", "--small-block", "4", "--batches", "1,2"]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["torch_threads"] == torch.get_num_threads() and out["threads"] == 1
+    assert set(out["runs"]) == {f"{f} batch {b}" for f in ("sdar", "fast_dllm_v2") for b in (1, 2)}
+    for label, run in out["runs"].items():
+        assert run["same_tokens"] is True, label
+        for w, secs in run["seconds"].items():
+            assert 0 < run["forward_s"][w] < secs and run["ms_per_forward"][w] > 0
+        for w in set(run["nfe"]) - {"ours"}:
+            assert run[f"ours_over_{w}"] == pytest.approx(run["seconds"][w] / run["seconds"]["ours"])
+            assert run[f"forwards_saved_vs_{w}"] == pytest.approx(run["nfe"][w] / run["nfe"]["ours"])
+    sdar, fd = out["runs"]["sdar batch 1"], out["runs"]["fast_dllm_v2 batch 1"]
+    blocks = -(-sdar["tokens"] // 4)  # prompt 12 ends on a block of 4: the answer's blocks, each with its store
+    assert sdar["nfe"]["reference"] == sdar["nfe"]["ours"] + 1 + blocks == sdar["nfe"]["reference_batched"]
+    assert fd["nfe"]["reference"] - fd["nfe"]["ours"] == 1 + (fd["tokens"] == 24)  # no stop: the last write too
+    assert set(out["runs"]["sdar batch 2"]["nfe"]) == {"ours", "reference", "reference_batched"}
+
+
+@pytest.mark.parametrize(
+    "argv, words",
+    [(["--ways", "reference"], "give ours"), (["--families", "llada"], "--families"), (["--hidden", "100"], "128"),
+     (["--prompt", "64"], "one-block prompt"), (["--batches", "1,x"], "--batches")],
+)  # fmt: skip
+def test_block_causal_bench_refuses_bad_options_before_building_a_model(argv, words, monkeypatch, capsys):
+    bc = load_script("benchmarks/bench_block_causal.py")
+    monkeypatch.setattr(bc, "build", lambda *a: pytest.fail("built a model"))
+    with pytest.raises(SystemExit):
+        bc.main(argv)
+    assert words in capsys.readouterr().err

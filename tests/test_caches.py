@@ -23,7 +23,11 @@ from prompt_blind import blind_attention  # noqa: E402
 
 PROMPTS = [[5, 9, 17, 3, 40, 22], [7, 2, 33], [11, 30, 30, 8, 19]]
 EQUAL = torch.tensor([[5, 9, 17, 3, 40, 22], [7, 7, 2, 33, 12, 4], [11, 30, 30, 8, 19, 60]])
-CACHED = sorted(set(CACHES) - {"none"})
+# every cache the bidirectional samplers run with. ``sub_block`` runs only with the ``fast_dllm_v2`` sampler on
+# Fast-dLLM v2 (``samplers``), so these shared tests on LLaDA / Dream cannot run it: tests/test_fast_dllm_v2.py
+# checks it against the reference's ``use_block_cache``; its refusal here is
+# test_registered_caches_bound_to_a_sampler_are_refused_without_it
+CACHED = sorted(c for c in CACHES if c != "none" and not CACHES[c].samplers)
 # the setting of each cache that refreshes at every step (so it must reproduce decoding without a cache)
 EVERY_STEP = {
     "prefix": {"refresh_interval": 1},
@@ -105,6 +109,16 @@ def checked_forward(monkeypatch):
     monkeypatch.setattr(loop, "_forward", forward)
     monkeypatch.setattr(loop, "_forward_drafts", forward_drafts)
     return calls
+
+
+@pytest.mark.parametrize("cache", sorted(c for c in CACHES if CACHES[c].samplers))
+def test_registered_caches_bound_to_a_sampler_are_refused_without_it(tiny_model, cache):
+    """A cache that runs with named samplers only (``sub_block``: ``fast_dllm_v2``) is refused, naming itself, on
+    this bidirectional model with any other sampler, and with its own sampler too (not block-causal)."""
+    for sampler in ("low_confidence", *CACHES[cache].samplers):
+        with pytest.raises(ValueError, match=f"cache '{cache}'"):
+            _run(tiny_model, sampler, cache)
+    assert not any(CACHES[cache].runs_with(s) for s in SAMPLERS if s not in CACHES[cache].samplers)
 
 
 @pytest.mark.parametrize("sampler", sorted(SAMPLERS))

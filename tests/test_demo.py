@@ -24,7 +24,9 @@ def test_configs_come_from_the_registries():
     cfgs = demo_configs(max_configs=1000)
     assert cfgs[0]["label"] == "low_confidence k=1" and cfgs[0]["oracle"]
     assert {c["sampler"] for c in cfgs} >= set(SAMPLERS) - {"oracle"}
-    assert {c["cache"] for c in cfgs} == set(CACHES)
+    # every cache the demo's (bidirectional) samplers run with; sub_block is the fast_dllm_v2 sampler's alone
+    assert {c["cache"] for c in cfgs} == {c for c in CACHES if not CACHES[c].samplers}
+    assert "sub_block" in CACHES and CACHES["sub_block"].samplers == ("fast_dllm_v2",)
     assert len(demo_configs(max_configs=4)) == 4
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 
 import pytest
 import torch
@@ -244,8 +245,43 @@ def test_sub_block_cache_refused_elsewhere(ckpt, llada_dir):
     with pytest.raises(ValueError, match="fast_dllm_v2 sampler only"):
         dlm_decode.generate(model, [[5, 6]], sampler="llada2", cache=SubBlockCache(), gen_length=8)
     llada = load_model(llada_dir)[0]
-    with pytest.raises(ValueError, match="block-causal models only"):
+    with pytest.raises(ValueError, match="applies to block-causal models decoded with the fast_dllm_v2 sampler"):
         dlm_decode.generate(llada, [[5, 6]], sampler="fast_dllm_v2", cache=SubBlockCache(), gen_length=8)
+
+
+@pytest.mark.parametrize("p", [5, 12], ids=lambda p: f"prompt{p}")
+def test_cli_cache_sub_block_equals_the_python_api(ckpt, capsys, p):
+    """``--cache sub_block`` (registered as ``sub_block``) gives ``cache=SubBlockCache()``'s tokens and forwards,
+    which are the reference's ``use_block_cache`` ones (above) and, here, not the exact cache's."""
+    path, model, _ = ckpt
+    prompts = [_prompt(p, p)[0].tolist(), _prompt(p + 3, p + 1)[0].tolist()]
+    gen = _gen(p, 3)
+    argv = ["generate", str(path), "--preset", "fast_dllm_v2", "--block-length", str(B), "--sampler-opt",
+            f"small_block_size={SMALL}", "--gen-length", str(gen), "--cache", "sub_block", "--json"]  # fmt: skip
+    for row in prompts:
+        argv += ["--input-ids", ",".join(map(str, row))]
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    api, ids = _ours(model, prompts, 0.9, cache=SubBlockCache(), gen=gen)
+    assert [r["generated_ids"] for r in out["rows"]] == ids
+    assert [r["nfe"] for r in out["rows"]] == [r.nfe for r in api.rows]
+    assert out["cache"]["name"] == "sub_block"
+    exact = _ours(model, prompts, 0.9, gen=gen)[0]
+    assert api.token_forwards < exact.token_forwards
+
+
+def test_cli_cache_sub_block_refused_on_llada_before_weights(llada_dir, tmp_path, capsys):
+    """A bidirectional checkpoint whose weights are garbage (an error after reading them would be the damaged-file
+    one): exit 2 with one line naming the cache, what it applies to and the model type."""
+    bad = tmp_path / "llada"
+    shutil.copytree(llada_dir, bad)
+    (bad / "model.safetensors").write_bytes(b"not a safetensors file" * 4)
+    for extra in ([], ["--preset", "fast_dllm_v2"]):  # any sampler, the Fast-dLLM v2 rule too
+        argv = ["generate", str(bad), "--input-ids", "5,6,7", "--cache", "sub_block", "--gen-length", "32", *extra]
+        assert main(argv) == 2
+        err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+        assert len(err) == 1 and err[0].startswith("dlm-decode generate: error: "), err
+        assert "cache 'sub_block'" in err[0] and "fast_dllm_v2 sampler" in err[0] and "'llada'" in err[0]
 
 
 def test_lm_eval_plugin_takes_a_fast_dllm_v2_checkpoint(tmp_path):

@@ -145,7 +145,8 @@ def test_low_confidence_equals_llada_reference_generate(ckpt, batch, gen, block,
 
 
 @pytest.mark.parametrize("sampler", ["low_confidence", "threshold"])
-@pytest.mark.parametrize("cache", sorted(set(CACHES) - {"none"}))
+# sub_block: Fast-dLLM v2's cache, refused on this bidirectional family (tests/test_fast_dllm_v2.py)
+@pytest.mark.parametrize("cache", sorted(c for c in CACHES if c != "none" and not CACHES[c].samplers))
 def test_every_cache_refreshing_each_step_equals_no_cache(ckpt, sampler, cache):
     """The bidirectional family's caches apply: each, refreshing every step, gives decoding without a cache its
     tokens (padded batch of two, gen 16 in blocks of 8); its default setting runs and fills every slot."""

@@ -43,6 +43,9 @@ class CachePolicy:
     uses_store: ClassVar[bool] = True
     # True: the policy has a rule for block-causal models (LLaDA2); the others are refused before any work
     block_causal_rule: ClassVar[bool] = False
+    # the only samplers the policy runs with (it reads their state, e.g. ``sub_block`` the sub-blocks of
+    # ``fast_dllm_v2``); empty: any sampler. Loops over every cache (the demo, the shared cache tests) skip the others.
+    samplers: ClassVar[tuple[str, ...]] = ()
 
     def check(self, config: DecodeConfig, sampler: Any, facts: Any) -> None:
         """Validate against the decoding config, the sampler and the model's ``core.inputs.ModelFacts`` (None when
@@ -53,6 +56,16 @@ class CachePolicy:
                 "block's keys and values never change there, so its cache is exact; use --cache prefix (the "
                 "default for these models: finished blocks cached exactly, no extra forward) or none"
             )
+        name = getattr(sampler, "name", None)
+        if self.samplers and name not in self.samplers:
+            raise ValueError(
+                f"cache {self.name!r} runs with the {' or '.join(self.samplers)} sampler only, not {name!r}"
+            )
+
+    @classmethod
+    def runs_with(cls, sampler: str) -> bool:
+        """Whether the policy runs with the sampler called ``sampler`` (``samplers``)."""
+        return not cls.samplers or sampler in cls.samplers
 
     def count_bounds(
         self, block: int, block_steps: int, gen_length: int, prompt: int | None

@@ -11,6 +11,7 @@ from dlm_decode.cache.dual import DualCache
 from dlm_decode.cache.elastic import ElasticCache
 from dlm_decode.cache.none import NoCache
 from dlm_decode.cache.prefix import PrefixCache
+from dlm_decode.cache.sub_block import SubBlockCache
 from dlm_decode.cache.window import WindowCache
 from dlm_decode.options import build, resolve
 
@@ -25,6 +26,7 @@ CACHES: dict[str, type[CachePolicy]] = {
     "window": WindowCache,
     "elastic": ElasticCache,
     "delayed": DelayedCache,
+    "sub_block": SubBlockCache,  # Fast-dLLM v2's approximate sub-block cache: its sampler and models only
 }
 
 

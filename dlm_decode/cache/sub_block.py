@@ -19,8 +19,9 @@ keys and values are written exactly by the next block's first forward, as with `
 Tokens: the reference's ``use_block_cache=True`` tokens at temperature 0 (tested against its re-statement), which
 differ from the exact cache's where the stale keys change a commit. In a batch each row decides full or sub-block by
 itself (the reference recomputes the whole block for every row when any row's sub-block starts with a MASK), so each
-row decodes what it decodes alone. Not in the ``CACHES`` registry (every registered cache applies to the
-bidirectional models, which the cache tests, the demo and the sweeps iterate): pass ``cache=SubBlockCache()``.
+row decodes what it decodes alone. Registered as ``sub_block`` (``--cache sub_block``, ``cache="sub_block"``), refused
+before any work on a bidirectional model and with any other sampler (``samplers``; the demo and the loops over every
+cache skip it there).
 """
 
 from __future__ import annotations
@@ -42,15 +43,16 @@ SUB_BLOCK_KEY = "fast_dllm_v2.small_block_size"
 class SubBlockCache(CachePolicy):
     name: ClassVar[str] = "sub_block"
     block_causal_rule: ClassVar[bool] = True
+    samplers: ClassVar[tuple[str, ...]] = ("fast_dllm_v2",)  # its sub-blocks are that sampler's
 
     def check(self, config, sampler, facts) -> None:
-        super().check(config, sampler, facts)
         if facts is not None and not facts.block_causal:
             raise ValueError(
-                f"cache {self.name!r} applies to block-causal models only (Fast-dLLM v2), not {facts.model_type!r}"
+                f"cache {self.name!r} is Fast-dLLM v2's sub-block cache: it applies to block-causal models decoded "
+                f"with the fast_dllm_v2 sampler, not to the bidirectional {facts.model_type!r} model; use --cache "
+                "prefix, dual or another cache of docs/caches.md"
             )
-        if getattr(sampler, "name", None) != "fast_dllm_v2":
-            raise ValueError(f"cache {self.name!r} runs with the fast_dllm_v2 sampler only (its sub-blocks)")
+        super().check(config, sampler, facts)
 
     def plan(self, state: DecodeState, region: tuple[int, int]) -> StepPlan:
         key = f"{self.name}.lead"

@@ -37,8 +37,8 @@ Differences from the reference, on purpose:
 * temperature > 0: the proposals are the loop's Gumbel draws with top-p (the same distribution as the reference's
   ``multinomial`` after top-p, other random numbers); the confidence is the probability under the unfiltered softmax
   of the logits, as the reference's ``p_1t``.
-* ``use_block_cache`` (the reference's approximate sub-block cache) is ``cache.sub_block.SubBlockCache`` (pass
-  ``cache=SubBlockCache()``); the default is the exact ``prefix`` cache.
+* ``use_block_cache`` (the reference's approximate sub-block cache) is the ``sub_block`` cache
+  (``cache.sub_block.SubBlockCache``; ``--cache sub_block``); the default is the exact ``prefix`` cache.
 """
 
 from __future__ import annotations
@@ -89,6 +89,21 @@ class FastDLLMV2(Sampler):
         tok, _ = self.proposals(state, logits)
         return tok, torch.softmax(logits, dim=-1).gather(-1, tok[..., None])[..., 0]
 
+    def _sub_block_proposals(self, state, logits, busy, current, start) -> tuple[torch.Tensor, torch.Tensor]:
+        """Proposals and confidences [B, R] of ``propose``, at temperature 0 computed on each row's current sub-block
+        alone (``start``: [B] the block's first region column, ``current`` [B, 1] the sub-block, ``busy`` [B, 1] rows
+        with one): the only slots a step commits, a ``small_block_size / block_length`` share of the [B, R, V] passes
+        (most of a step's host time at a real vocabulary); per slot the same numbers. Elsewhere: meaningless."""
+        b, r, v = logits.shape
+        if state.config.temperature != 0 or r <= self.small_block_size:
+            return self.propose(state, logits)
+        first = start[:, None] + torch.where(busy, current, 0) * self.small_block_size  # [B, 1] its first column
+        k = torch.arange(self.small_block_size, device=logits.device)
+        cols = (first + k).clamp(0, r - 1)  # [B, S] (clamped columns lie outside the region: never read back)
+        tok, conf = self.propose(state, logits.gather(1, cols[..., None].expand(b, -1, v)))  # [B, S]
+        back = (torch.arange(r, device=logits.device)[None, :] - first).clamp(0, self.small_block_size - 1)  # [B, R]
+        return tok.gather(1, back), conf.gather(1, back)
+
     def select(self, state: DecodeState, logits: torch.Tensor, r0: int) -> Selection:
         b, r, _ = logits.shape
         cand = candidates(state, r0, r0 + r)  # [B, R] masked slots of each row's block
@@ -99,7 +114,7 @@ class FastDLLMV2(Sampler):
         big = torch.iinfo(sub.dtype).max
         current = torch.where(cand, sub, big).min(1, keepdim=True).values  # [B, 1] first sub-block with a MASK
         in_sub = cand & (sub == current)  # [B, R]
-        tok, conf = self.propose(state, logits)
+        tok, conf = self._sub_block_proposals(state, logits, in_sub.any(1, keepdim=True), current, start - r0)
         score = torch.where(in_sub, conf, float("-inf"))
         commit = in_sub & (score > self.threshold)
         top = score.argmax(1)  # [B] the sub-block's most probable masked slot (the first on ties)

@@ -83,21 +83,24 @@ def draw(
     """``sample_with_temperature_topk_topp``, one ``torch.multinomial`` per row on its ``[blk, V]`` probabilities with
     the row's own generator (``rows[b]``; None for a row that draws nothing this step: its tokens are the argmax and
     are never committed). MASK is excluded after the softmax (see the module docstring); temperature 0: the argmax
-    at confidence 1, no draws."""
-    mask = torch.tensor([mask_id], device=logits.device)
-    no_mask = logits.index_fill(-1, mask, float("-inf"))
-    best = no_mask.argmax(-1)  # [B, blk]
+    at confidence 1, no draws. ``logits`` is left as it came; the [B, blk, V] passes are in place where they can be
+    (at a real vocabulary they are most of a step's host time)."""
+    held = logits[..., mask_id].clone()  # [B, blk] MASK's logits, put back after the argmax (no [B, blk, V] copy)
+    logits[..., mask_id] = float("-inf")
+    best = logits.argmax(-1)  # [B, blk]
+    logits[..., mask_id] = held
     if temperature == 0 or rows is None:
         return best, torch.ones(best.shape, dtype=logits.dtype, device=logits.device)
     scaled = logits / temperature if temperature != 1.0 else logits
     probs = torch.softmax(top_p_filter(top_k_filter(scaled, top_k), top_p), dim=-1)  # [B, blk, V]
-    weights = probs.index_fill(-1, mask, 0.0)
+    # in place: the drawn tokens are never MASK, so their confidences survive zeroing MASK's entry
+    weights = probs.index_fill_(-1, torch.tensor([mask_id], device=logits.device), 0.0)
     dead = (weights.sum(-1, keepdim=True) <= 0).to(weights.dtype)  # [B, blk, 1] all mass on MASK
-    weights = weights.scatter_add(-1, best[..., None], dead)
+    weights.scatter_add_(-1, best[..., None], dead)  # adds 0 to every live row
     tok = torch.stack(
         [best[b] if g is None else torch.multinomial(weights[b], 1, generator=g)[:, 0] for b, g in enumerate(rows)]
     )
-    return tok, probs.gather(-1, tok[..., None])[..., 0]
+    return tok, weights.gather(-1, tok[..., None])[..., 0] - dead[..., 0]  # a dead row's token: probability 0
 
 
 def choose(remasking: str, conf: torch.Tensor, cand: torch.Tensor, n: int, threshold: float) -> torch.Tensor:
@@ -157,7 +160,7 @@ class SDAR(Sampler):
         b, r, v = logits.shape
         idx, inside = block_slots(state, r0, r0 + r)  # [B, blk] region column of each block slot
         blk = idx.shape[1]
-        block_logits = logits.gather(1, idx[..., None].expand(b, blk, v)).masked_fill(~inside[..., None], 0.0)
+        block_logits = logits.gather(1, idx[..., None].expand(b, blk, v)).masked_fill_(~inside[..., None], 0.0)
         cand = candidates(state, r0, r0 + r).gather(1, idx) & inside  # [B, blk]
         c = state.config
         gens = None if c.temperature == 0 else self.generators(state, cand)
