@@ -243,3 +243,26 @@ def test_refused_before_any_work(llada, llada2, kw, message):
     kw = {"sampler": "threshold", "gen_length": 16, "block_length": 8} | kw
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
         dlm_decode.generate(model, [[5, 6, 7]], **kw)
+
+
+@pytest.mark.parametrize("preset", ["d2f_llada", "d2f_dream", "d3llm_llada", "d3llm_dream"])
+def test_presets_set_rule_attention_and_cache_on_the_cli(preset, capsys):
+    import json
+
+    from dlm_decode.cli import main
+    from dlm_decode.samplers.presets import get_preset
+
+    model_name = "demo-dream" if preset.endswith("dream") else "demo-llada"
+    assert (
+        main(["generate", model_name, "--input-ids", "5,6,7", "--preset", preset, "--gen-length", "64", "--json"]) == 0
+    )
+    out = json.loads(capsys.readouterr().out)
+    kw = get_preset(preset).generate_kwargs(gen_length=64)
+    assert out["cache"]["name"] == kw["cache"] and out["config"]["attention"] == kw.get("attention")
+    assert {k: out["sampler"][k] for k in kw["sampler_options"]} == kw["sampler_options"]
+    model, tok = dlm_decode.load_model(model_name)
+    want = dlm_decode.generate(model, [[5, 6, 7]], tokenizer=tok, **kw)
+    assert out["rows"][0]["generated_ids"] == want.rows[0].generated_ids and out["nfe"] == want.nfe
+    assert main(["generate", model_name, "--input-ids", "5,6,7", "--preset", preset, "--gen-length", "64",
+                 "--cache", "none", "--json"]) == 0  # fmt: skip
+    assert json.loads(capsys.readouterr().out)["cache"]["name"] == "none"  # a given cache wins
