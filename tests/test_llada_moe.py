@@ -22,6 +22,7 @@ from llada_moe_reference import (
 )
 from reference_generate import llada_generate
 from safetensors.torch import load_file
+from test_caches import EVERY_STEP  # each cache at its refresh-every-step setting: the no-cache tokens
 from transformers import AutoConfig, AutoModel
 
 import dlm_decode
@@ -34,17 +35,6 @@ from dlm_decode.models.loading import load_model, model_facts
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 PROMPTS = torch.tensor([[5, 9, 17, 3, 40, 22], [7, 7, 2, 33, 12, 4]])
-# each cache at the setting that refreshes every step, so it must give decoding without a cache its tokens
-EVERY_STEP = {
-    "prefix": {"refresh_interval": 1},
-    "dual": {"refresh_interval": 1},
-    "dkv_decode": {"refresh_interval": 1},
-    "dkv_greedy": {"refresh_interval": 1},
-    "dkv_prefill": {"refresh_interval": 1},
-    "dkv_pd": {"refresh_interval": 1, "prompt_refresh_interval": 1},
-    "window": {"refresh_cycle": 1, "prune_refresh": False},
-    "elastic": {"gamma": 2.0},
-}
 
 
 @pytest.fixture(scope="module")
