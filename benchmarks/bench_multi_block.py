@@ -16,19 +16,20 @@ sampler with ``block_add_threshold`` / ``decoded_token_threshold``, the D2F and 
 Random weights: the LLaDA is ``random_models.random_llada`` (LLaDA-8B's vocabulary, 126,464, and ids at ``--width``,
 ``--layers``; its LM head scaled for logits of std ~9), the LLaDA2 is ``bench_block_diffusion.random_model``
 (weights of std 0.3: logits of std ~7 at width 512) at ``--llada2-vocab``. Random weights are confident at nothing
-in particular, so the published thresholds (0.9, eta 0.5) commit about one token a forward and multi-block has
-nothing to overlap; ``--threshold`` 0.6 / ``--eta`` 1.0 (the defaults) commit a few tokens a forward block by block,
-as trained models do at the published ones. The EOS rows of the LM heads are zeroed, so every row decodes its whole
-``--gen`` (no early end shortens one way's answer; ``early_stop`` would never fire, so it is left off).
+in particular: at width 512 the published thresholds (0.9, eta 0.5) commit about one token a forward block by block,
+leaving multi-block nothing to overlap, so the defaults are ``--threshold`` 0.6 / ``--eta`` 1.0 (2-6 tokens a
+forward block by block). The EOS rows of the LM heads are zeroed, so every row decodes its whole ``--gen`` (no early
+end shortens one way's answer; ``early_stop`` would never fire, so it is left off).
 
-Timing as ``bench_block_diffusion.py``: one untimed decode of one prompt per case and way (warm-up), then
-``--repeats`` rounds, each decoding the batch both ways in an order that alternates per round (interleaved); the
-median over rounds. Per case, batch and block: forwards (NFE), tokens/s, slots computed a forward (the model's
+Timing as ``bench_block_diffusion.py``: one untimed decode of one prompt and one block per case and way (warm-up),
+then ``--repeats`` rounds, each decoding the batch both ways in an order that alternates per round (interleaved);
+the median over rounds. Per case, batch and block: forwards (NFE), tokens/s, slots computed a forward (the model's
 query slots, ``token_forwards / nfe``) and logit slots a forward (rows through the LM head: the sampler's region),
 the time ratio (``blocks`` seconds / ``multi`` seconds) against the NFE ratio (``blocks`` forwards / ``multi``
 forwards). ``bound``: ``forwards`` where the time ratio reaches 0.9 of the NFE ratio (a forward costs the same both
 ways, so the forward count bounds the speed-up), else ``per-forward work`` (multi-block computes and scores more
-slots a forward: ``ms_per_forward_ratio`` says how much dearer its forwards are). The last line is one JSON object.
+slots a forward: ``ms_per_forward_ratio`` says how much dearer its forwards are). ``--quick``: tiny models and
+lengths (the smoke test). The last line is one JSON object.
 """
 
 from __future__ import annotations
@@ -111,8 +112,8 @@ def run_once(model, prompts, kw: dict) -> dict:
 def compare(model, prompts, case: str, block: int, args) -> dict:
     """Both ways of ``case`` on ``prompts``: the warm-up, ``--repeats`` interleaved rounds, the entry."""
     kws = {w: options(case, w, block, args) for w in WAYS}
-    for w in WAYS:
-        run_once(model, prompts[:1], kws[w])
+    for w in WAYS:  # one untimed decode of one block each first (the first call's one-time costs)
+        run_once(model, prompts[:1], kws[w] | {"gen_length": block})
     secs = {w: [] for w in WAYS}
     first = {}
     for rep in range(args.repeats):
