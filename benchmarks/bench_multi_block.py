@@ -73,10 +73,8 @@ def build(kind: str, args) -> tuple[object, int]:
         head, top = model.model.transformer.ff_out, model.get_input_embeddings().weight.shape[0]
     else:
         model = random_model(args.width, SimpleNamespace(layers=args.layers, vocab=args.llada2_vocab))
-        head, top = (
-            model.lm_head,
-            LLADA2_MASK - 1,
-        )  # the format's MASK is 63: prompts below it, as bench_block_diffusion
+        # the format's MASK is 63 at any vocabulary: prompts below it, as bench_block_diffusion's
+        head, top = model.lm_head, LLADA2_MASK - 1
     with torch.no_grad():
         head.weight[model.eos_token_ids] = 0.0
     return model, top
