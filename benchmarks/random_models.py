@@ -15,14 +15,21 @@ RANDOM_SHAPES: dict[str, dict[str, int]] = {
 }
 
 
-def random_llada(device: str, shape: str = "tiny", layers: int | None = None, dtype: str = "float32") -> Any:
-    """A random LLaDA in the official layout with the widths of ``RANDOM_SHAPES[shape]``, built on ``device``."""
+def random_llada(
+    device: str, shape: str = "tiny", layers: int | None = None, dtype: str = "float32", width: int | None = None
+) -> Any:
+    """A random LLaDA in the official layout with the widths of ``RANDOM_SHAPES[shape]``, built on ``device``;
+    ``layers`` / ``width`` shrink it (``width``: d_model, heads of 64, MLP 3x as LLaDA-8B's; the vocabulary stays)."""
     from dlm_decode.models.llada import LLaDAConfig, LLaDAModelLM
     from dlm_decode.models.loading import parse_dtype
 
     dims = dict(RANDOM_SHAPES[shape])
     if layers:
         dims["n_layers"] = layers
+    if width:
+        dims |= dict(
+            d_model=width, n_heads=max(1, width // 64), n_kv_heads=max(1, width // 64), mlp_hidden_size=3 * width
+        )
     vocab = dims["vocab_size"]
     mask_id, eos_id = (126336, 126081) if shape == "llada-8b" else (vocab - 1, 1)
     cfg = LLaDAConfig(

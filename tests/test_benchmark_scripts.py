@@ -263,6 +263,39 @@ def test_block_causal_bench_runs_both_families_and_prints_json_last(capsys):
     assert set(out["runs"]["sdar batch 2"]["nfe"]) == {"ours", "reference", "reference_batched"}
 
 
+def test_bench_multi_block_runs_every_case_and_prints_json_last(capsys):
+    """``benchmarks/bench_multi_block.py --quick``: every case at batch 1 and 2 decodes every slot both ways; the
+    exact ``prefix`` cache under D2F's attention gives the no-cache tokens both ways; multi-block takes fewer forwards
+    than block by block somewhere; the ratios and the bound follow from the numbers; the JSON is the last line."""
+    mb = load_script("benchmarks/bench_multi_block.py")
+    assert mb.main(["--quick", "--blocks", "8"]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["threads"] == 1 and out["torch_threads"] == 1 and out["gen"] == 32
+    runs = out["runs"]
+    assert set(runs) == {f"{c} batch {b} block 8" for c in mb.CASES for b in (1, 2)}
+    for label, e in runs.items():
+        batch = int(label.split()[2])
+        assert e["all_decoded"] and e["tokens"] == {"blocks": 32 * batch, "multi": 32 * batch}, label
+        assert e["nfe_ratio"] == e["nfe"]["blocks"] / e["nfe"]["multi"]
+        assert e["time_ratio"] == pytest.approx(e["seconds"]["blocks"] / e["seconds"]["multi"])
+        assert e["bound"] == ("forwards" if e["time_ratio"] >= 0.9 * e["nfe_ratio"] else "per-forward work")
+        assert e["slots_per_forward"]["multi"] >= e["logit_slots_per_forward"]["multi"] > 0
+    for b in (1, 2):
+        assert runs[f"d2f_prefix batch {b} block 8"]["same_tokens_as_d2f_none"] == {"blocks": True, "multi": True}
+    assert any(e["nfe"]["multi"] < e["nfe"]["blocks"] for e in runs.values())
+
+
+def test_bench_multi_block_at_thresholds_1_is_block_by_block(capsys):
+    """``--add 1 --dec 1``: the multi way opens a block only when the last is done, so it decodes what block by
+    block decodes, with as many forwards, in every case."""
+    mb = load_script("benchmarks/bench_multi_block.py")
+    assert mb.main(["--quick", "--blocks", "16", "--batches", "2", "--add", "1", "--dec", "1"]) == 0
+    runs = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["runs"]
+    assert len(runs) == len(mb.CASES)
+    for label, e in runs.items():
+        assert e["same_tokens"] and e["nfe"]["multi"] == e["nfe"]["blocks"], label
+
+
 @pytest.mark.parametrize(
     "argv, words",
     [(["--ways", "reference"], "give ours"), (["--families", "llada"], "--families"), (["--hidden", "100"], "128"),
@@ -273,4 +306,17 @@ def test_block_causal_bench_refuses_bad_options_before_building_a_model(argv, wo
     monkeypatch.setattr(bc, "build", lambda *a: pytest.fail("built a model"))
     with pytest.raises(SystemExit):
         bc.main(argv)
+    assert words in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv, words",
+    [(["--gen", "40", "--blocks", "32"], "multiple of every block"), (["--cases", "d2f_prefix,nope"], "unknown nope"),
+     (["--batches", "1,x"], "comma-separated"), (["--repeats", "0"], ">= 1")],
+)  # fmt: skip
+def test_bench_multi_block_refuses_bad_options_before_building_a_model(argv, words, monkeypatch, capsys):
+    mb = load_script("benchmarks/bench_multi_block.py")
+    monkeypatch.setattr(mb, "build", lambda *a: pytest.fail("built a model"))
+    with pytest.raises(SystemExit):
+        mb.main(argv)
     assert words in capsys.readouterr().err
