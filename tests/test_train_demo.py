@@ -1513,6 +1513,41 @@ def test_clean_context_rows_score_one_block_in_the_state_it_is_decoded_in(tok, r
         ob.diffusion_loss(model, batch, torch.Generator().manual_seed(5), clean_context=0.5)
 
 
+def test_noisy_prefix_rows_keep_the_previous_block_partly_masked():
+    """noisy_prefix share 1 on clean-context rows: the block before each row's scored block is masked at a rate
+    under the row's own (u * p_mask), never outside that block (earlier slots true text, later ones as before),
+    the scored slots and lengths are those of the clean-context rows, and share 0 leaves the canvas unchanged."""
+    b, t, mask_id = 64, 40, 99
+    ids = torch.arange(b * t).view(b, t) % 50
+    resp = torch.zeros(b, t, dtype=torch.bool)
+    resp[:, 8:] = True
+    batch = {"input_ids": ids, "response": resp, "response_length": resp.sum(1).float()}
+    g = torch.Generator().manual_seed(1)
+    p_mask = torch.full((b,), 0.9)
+    masked = resp & (torch.rand(b, t, generator=g) < 0.9)
+    noisy = torch.where(masked, mask_id, ids)
+    grid = torch.arange(t).expand(b, t) // 8
+    plain = ob.clean_context_rows(batch, noisy, masked, grid, 1.0, torch.Generator().manual_seed(2))
+    off = ob.clean_context_rows(batch, noisy, masked, grid, 1.0, torch.Generator().manual_seed(2), (0.0, p_mask, 99))
+    assert all(torch.equal(x, y) for x, y in zip(plain, off, strict=True))
+    out = ob.clean_context_rows(batch, noisy, masked, grid, 1.0, torch.Generator().manual_seed(2), (1.0, p_mask, 99))
+    assert torch.equal(out[1], plain[1]) and torch.equal(out[2], plain[2])  # the same scored slots and lengths
+    changed = out[0] != plain[0]
+    assert bool((out[0][changed] == mask_id).all())  # only masks added
+    scored_block = torch.where(plain[1], grid, 10**6).amin(1)  # [B] each row's scored block (rows with a mask)
+    has = scored_block < 10**6
+    prev = grid == (scored_block - 1)[:, None]
+    assert not bool((changed & ~prev).any())  # nothing outside the block before the scored one
+    share = (changed & prev).sum() / (prev & has[:, None] & (grid >= 1)).sum()
+    assert 0.2 < float(share) < 0.7  # about E[u] * 0.9 = 0.45 of that block's slots
+    raw = {
+        "model": {"tokenizer": "t", "family": "llada2", "attention": "block_causal", "block_length": 8},
+        "stages": [{"kind": "full", "steps": 3, "noisy_prefix": 0.5}],
+    }
+    with pytest.raises(ValueError, match=r"stages\[0\].noisy_prefix: a share of the clean-context rows"):
+        cf.config_from_dict(raw)
+
+
 def test_whole_name_rows_mask_a_person_whole_and_score_the_usual_loss(tok, rows):
     """whole_names share 1: every last-name slot of the response is masked exactly when the first name before it is
     (so whole people are masked and, at a low rate, one person among visible ones), nothing else moves, and the

@@ -122,7 +122,9 @@ class Stage:
     the way a Fast-dLLM prefix or dual cache serves them at decode time, in blocks of ``stale_block`` tokens
     (``stale.py``; bidirectional models); ``clean_context``: the share of rows scored on one block with the response
     before it clean, the state a block is decoded in (``objective.py``; block-causal models); ``whole_names``: the
-    share of rows whose people are masked whole (a last name takes its first name's draw; ``objective.py``)."""
+    share of rows whose people are masked whole (a last name takes its first name's draw; ``objective.py``);
+    ``noisy_prefix``: the share of clean-context rows whose block before the scored one stays partly masked, the state
+    a block is decoded in with several blocks in flight (``objective.clean_context_rows``)."""
 
     kind: str
     steps: int
@@ -141,6 +143,7 @@ class Stage:
     stale_block: int = 32
     clean_context: float = 0.0
     whole_names: float = 0.0
+    noisy_prefix: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -305,6 +308,8 @@ def check_config(cfg: TrainConfig) -> None:
         _check_stage(st, f"stages[{i}]")
         if st.stale and cfg.model.family == "llada2":
             raise ValueError(f"stages[{i}].stale: llada2's cache is exact; no stale rows (llada, dream only)")
+        if st.noisy_prefix and not st.clean_context:
+            raise ValueError(f"stages[{i}].noisy_prefix: a share of the clean-context rows; set clean_context too")
         if st.clean_context and cfg.model.family != "llada2":
             raise ValueError(
                 f"stages[{i}].clean_context: rows for block-causal models (llada2), not {cfg.model.family}"
@@ -413,7 +418,7 @@ def _check_stage(st: Stage, where: str) -> None:
         raise ValueError(f"{where}.steps must be >= 1, got {st.steps}")
     if st.tasks is not None and not st.tasks:
         raise ValueError(f"{where}.tasks: give at least one task (or leave it out for the twelve)")
-    for key in ("share", "icl", "stale", "clean_context", "whole_names"):
+    for key in ("share", "icl", "stale", "clean_context", "whole_names", "noisy_prefix"):
         value = getattr(st, key)
         if value is not None and not 0.0 <= value <= 1.0:
             raise ValueError(f"{where}.{key} must be in [0, 1], got {value}")

@@ -105,6 +105,7 @@ def masked_logits(
     stale: tuple[float, int] | None = None,
     clean_context: float = 0.0,
     whole_names: tuple[float, torch.Tensor] | None = None,
+    noisy_prefix: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Mask the responses (``mask_response``) and score the masked slots: logits [M, V] from hidden ``i -
     logit_shift`` (the LM head runs only on those), their true ids [M], each one's batch row [M], p_mask [B] and
@@ -124,8 +125,9 @@ def masked_logits(
     if clean_context > 0:
         if block_length is None:
             raise ValueError("clean_context rows need a block-causal model (block_length)")
+        prefix = (noisy_prefix, p_mask, core.mask_token_id) if noisy_prefix > 0 else None
         noisy, masked, length = clean_context_rows(
-            batch, noisy, masked, positions // block_length, clean_context, generator
+            batch, noisy, masked, positions // block_length, clean_context, generator, prefix
         )
     if "state" in batch:
         noisy, masked, p_mask, length = decode_state_rows(batch, noisy, masked, p_mask, length, core.mask_token_id)
@@ -205,11 +207,17 @@ def clean_context_rows(
     grid: torch.Tensor,  # [B, T] each slot's block on the absolute grid (positions // block_length)
     share: float,
     generator: torch.Generator,
+    noisy_prefix: tuple[float, torch.Tensor, int] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Pick rows with probability ``share`` and one block of each picked row's response (uniform over the grid
     blocks that hold response slots): the response before it becomes its true text, and only the block's masked
     slots stay scored (a block-causal block never sees the slots after it). -> noisy, masked [B, T], and each row's
-    scored length [B] (the block's response slots for a picked row, the response's otherwise)."""
+    scored length [B] (the block's response slots for a picked row, the response's otherwise).
+
+    ``noisy_prefix`` (share, p_mask [B], mask id): that share of the picked rows keep the block before the scored one
+    partly masked, at a rate ``u * p_mask`` (u ~ U(0, 1): less noisy than the block), the state a block starts from
+    when several blocks are in flight (D2F's noisy earlier blocks, ``core.frontier``); its slots are not scored.
+    Drawn after the other draws, so share 0 draws what it always drew."""
     ids, resp = batch["input_ids"], batch["response"]
     b = ids.shape[0]
     pick = torch.rand(b, generator=generator, device=generator.device).to(ids.device) < share  # [B]
@@ -221,7 +229,25 @@ def clean_context_rows(
     outside = resp & (grid != chosen[:, None]) & pick[:, None]
     in_block = (resp & (grid == chosen[:, None])).sum(1).float()
     length = torch.where(pick, in_block, batch["response_length"])
-    return torch.where(before, ids, noisy), masked & ~outside, length
+    canvas = torch.where(before, ids, noisy)
+    if noisy_prefix is not None and noisy_prefix[0] > 0:
+        canvas = _noisy_previous_block(canvas, before & (grid == chosen[:, None] - 1), noisy_prefix, generator)
+    return canvas, masked & ~outside, length
+
+
+def _noisy_previous_block(
+    canvas: torch.Tensor, prev: torch.Tensor, noisy_prefix: tuple[float, torch.Tensor, int], generator: torch.Generator
+) -> torch.Tensor:
+    """``canvas`` [B, T] with the slots of ``prev`` [B, T] (a picked row's block before its scored one) masked at
+    the rate ``u * p_mask`` in a ``share`` of the rows (``clean_context_rows``)."""
+    share, p_mask, mask_id = noisy_prefix
+    b, t = canvas.shape
+    dev = generator.device
+    take = torch.rand(b, generator=generator, device=dev).to(canvas.device) < share  # [B]
+    rate = torch.rand(b, generator=generator, device=dev).to(canvas.device) * p_mask  # [B]
+    u = torch.rand(b, t, generator=generator, device=dev).to(canvas.device)
+    hide = prev & take[:, None] & (u < rate[:, None])
+    return canvas.masked_fill(hide, mask_id)
 
 
 def diffusion_loss(
@@ -234,11 +260,12 @@ def diffusion_loss(
     stale: tuple[float, int] | None = None,
     clean_context: float = 0.0,
     whole_names: tuple[float, torch.Tensor] | None = None,
+    noisy_prefix: float = 0.0,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """LLaDA SFT loss: sum over masked response tokens of CE / p_mask, divided by the response length (a stale or
     clean-context row's block length), batch mean."""
     logits, target, rows, p_mask, length = masked_logits(
-        model, batch, generator, eps, stratified, block_length, stale, clean_context, whole_names
+        model, batch, generator, eps, stratified, block_length, stale, clean_context, whole_names, noisy_prefix
     )
     ce = F.cross_entropy(logits.float(), target, reduction="none")  # [M]
     weight = 1.0 / (p_mask[rows] * length[rows])

@@ -245,6 +245,7 @@ def train_step(run: Run, step: int, resets: set[int]) -> dict:
     stratified = cfg.data.t_sampling == "stratified"
     block, stale = cfg.model.block_length, (stage.stale, stage.stale_block)
     extra = {"clean_context": stage.clean_context, "whole_names": (stage.whole_names, run.name_tails)}
+    extra["noisy_prefix"] = stage.noisy_prefix
     loss, _ = diffusion_loss(run.model, batch, gen, stratified=stratified, block_length=block, stale=stale, **extra)
     acc.backward(loss)
     acc.clip_grad_norm_([p for _, p in run.trainable], 1.0)
