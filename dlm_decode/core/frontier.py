@@ -39,6 +39,7 @@ cursor); samplers read where the blocks lie with ``layout``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -116,7 +117,7 @@ def shares(state: DecodeState, frontier: Frontier) -> torch.Tensor:
     return 1.0 - masks[:, :n] / size[:, :n].clamp(min=1)
 
 
-def update(state: DecodeState, cut) -> None:
+def update(state: DecodeState, cut: Callable[[DecodeState, torch.Tensor], None]) -> None:
     """The start of a step: the EOS rule, then at most one new block per row, then the activations; the cursor's
     block ends follow. ``cut(state, at)``: the loop's cut (fills generation slots from ``at`` [B] on, -1: none)."""
     frontier = state.cursor.frontier
