@@ -33,6 +33,7 @@ import torch
 
 from dlm_decode.cache.base import CachePolicy, StepPlan
 from dlm_decode.cache.plans import compute_from_mask, slots
+from dlm_decode.core.frontier import first_eos_slot
 from dlm_decode.core.state import DecodeState
 from dlm_decode.options import check_count, is_int
 
@@ -118,8 +119,6 @@ class DelayedCache(CachePolicy):
         if rule is None or not rule.early_stop or rule.selection != "global":
             return cap
         p, b = state.prompt_len, state.block_length
-        gen = state.canvas[:, p:]
-        is_eos = torch.isin(gen, state.eos_ids)
-        first = torch.where(is_eos, torch.arange(gen.shape[1], device=state.device), gen.shape[1]).min(1).values
-        end = p + (torch.div(first, b, rounding_mode="floor") + 1) * b
-        return torch.where(is_eos.any(1), end, cap)
+        hit, first = first_eos_slot(state)
+        end = p + (torch.div(first - p, b, rounding_mode="floor") + 1) * b
+        return torch.where(hit, end, cap)

@@ -124,7 +124,7 @@ def update(state: DecodeState, cut: Callable[[DecodeState, torch.Tensor], None])
     rule = frontier.rule
     live = ~state.finished
     state.phantom = None
-    hit, first_eos = _first_eos(state)
+    hit, first_eos = first_eos_slot(state)
     if rule.early_stop and rule.selection == "global":  # d3LLM: everything after the first end id is the fill id
         masked = state.is_masked()
         cut(state, torch.where(hit & live, first_eos + 1, -1))
@@ -151,8 +151,8 @@ def update(state: DecodeState, cut: Callable[[DecodeState, torch.Tensor], None])
         state.cursor.block_end = torch.maximum(state.cursor.block_end, last)
 
 
-def _first_eos(state: DecodeState) -> tuple[torch.Tensor, torch.Tensor]:
-    """([B] a generation slot holds an end id, [B] the first such slot)."""
+def first_eos_slot(state: DecodeState) -> tuple[torch.Tensor, torch.Tensor]:
+    """([B] a generation slot holds an end id, [B] the first such slot (canvas coordinates))."""
     p = state.prompt_len
     gen = state.canvas[:, p:]
     is_eos = torch.isin(gen, state.eos_ids)

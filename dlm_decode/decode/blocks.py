@@ -32,13 +32,14 @@ def grid_block_end(state: DecodeState, start: torch.Tensor) -> torch.Tensor:
     return off + torch.div(start - off, b, rounding_mode="floor") * b + b
 
 
-def stop_after_eos_block(state: DecodeState) -> None:
-    """Rows whose generated slots so far hold an EOS stop: every slot after the first EOS gets the fill id (EOS)."""
+def stop_after_eos_block(state: DecodeState, every_row: bool = False) -> None:
+    """Rows whose generated slots so far hold an EOS stop: every slot after the first EOS gets the fill id (EOS).
+    ``every_row``: finished rows too (the end of a multi-block decode, where rows finish at different steps)."""
     p = state.prompt_len
     gen = state.canvas[:, p:]  # [B, L'] a view: filled in place
     idx = torch.arange(gen.shape[1], device=state.device)
     is_eos = torch.isin(gen, state.eos_ids) & (idx[None, :] < (state.block_end - p)[:, None])
-    hit = is_eos.any(1) & ~state.finished  # [B]
+    hit = is_eos.any(1) if every_row else is_eos.any(1) & ~state.finished  # [B]
     first = torch.where(is_eos, idx, gen.shape[1]).min(1).values  # [B]
     after = hit[:, None] & (idx[None, :] > first[:, None])  # [B, L']
     gen.masked_fill_(after, state.fill_id)

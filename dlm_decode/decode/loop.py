@@ -101,9 +101,8 @@ def end_block(state: DecodeState) -> None:
     """The block is done: block-causal rows with an EOS stop, and the cursor moves past the block (past every
     block, with several in flight: they are all done)."""
     if state.cursor.frontier is not None:  # every block is done: the rows end here (block-causal: at the first EOS)
-        if state.inputs.block_causal:
-            state.finished.zero_()  # every row's answer ends at its first EOS, whenever the row finished
-            stop_after_eos_block(state)
+        if state.inputs.block_causal:  # every row's answer ends at its first EOS, whenever the row finished
+            stop_after_eos_block(state, every_row=True)
         state.finished.fill_(True)
     elif state.inputs.block_causal:
         stop_after_eos_block(state)

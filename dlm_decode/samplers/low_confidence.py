@@ -54,7 +54,8 @@ class LowConfidence(Sampler):
         x0, conf = self.proposals(state, logits)
         cand = candidates(state, r0, r0 + logits.shape[1])
         if state.cursor.frontier is not None:  # several blocks in flight
-            commit = multi_block.scheduled(state, f"{self.name}/block_steps", self.score(state, conf), cand, r0)
+            steps = self.steps_per_block(state)
+            commit = multi_block.scheduled(state, f"{self.name}/block_steps", self.score(state, conf), cand, r0, steps)
             return Selection(commit=commit, tokens=x0)
         score = torch.where(cand, self.score(state, conf), float("-inf"))
         sched = state.scratch[self.name]

@@ -68,7 +68,7 @@ def block_top(score: torch.Tensor, cand: torch.Tensor, blk: torch.Tensor, k: tor
     ``blk`` [B, R]: the block of each slot; column j of ``k`` is the row's j-th block from its first in the region."""
     b, r = score.shape
     n = k.shape[1]
-    rel = (blk - blk[:, :1].clamp(min=0)).clamp(0, n - 1)  # [B, R]
+    _, rel = _relative(blk, n)  # [B, R]
     inside = cand[:, None, :] & (rel[:, None, :] == torch.arange(n, device=score.device)[None, :, None])
     scores = torch.where(inside, score[:, None, :].to(torch.float64), float("-inf"))  # [B, N', R]
     kmax = max(min(kmax, r), 1)
@@ -76,6 +76,13 @@ def block_top(score: torch.Tensor, cand: torch.Tensor, blk: torch.Tensor, k: tor
     keep = (torch.arange(kmax, device=score.device) < k[..., None]) & torch.isfinite(top.values)
     picked = torch.zeros(b, n, r, dtype=torch.bool, device=score.device).scatter(2, top.indices, keep)
     return picked.any(1)
+
+
+def _relative(blk: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``blk`` [B, R] -> ([B, 1] each row's first block in the region, [B, R] each slot's block counted from it,
+    within the region's ``n`` blocks)."""
+    base = blk[:, :1].clamp(min=0)
+    return base, (blk - base).clamp(0, n - 1)
 
 
 def region_blocks(state: DecodeState, r: int) -> int:
@@ -108,23 +115,23 @@ def global_pick(
     return commit | forced
 
 
-def scheduled(state: DecodeState, key: str, score: torch.Tensor, cand: torch.Tensor, r0: int) -> torch.Tensor:
+def scheduled(
+    state: DecodeState, key: str, score: torch.Tensor, cand: torch.Tensor, r0: int, steps: int
+) -> torch.Tensor:
     """``low_confidence`` over several blocks: each fully activated block commits ``ceil(left / steps left)`` of its
-    masks (LLaDA's even schedule over ``steps_per_block`` steps, counted from the block's full activation; its last
-    step takes them all); semi-activated blocks commit nothing (the rule has no threshold). ``key``: the
+    masks (LLaDA's even schedule over the sampler's ``steps`` per block, counted from the block's full activation;
+    its last step takes them all); semi-activated blocks commit nothing (the rule has no threshold). ``key``: the
     ``state.scratch`` entry counting each block's steps."""
     blk, full = layout(state, r0, r0 + score.shape[1])
     frontier = state.cursor.frontier
     taken = state.scratch.setdefault(key, torch.zeros_like(frontier.full, dtype=torch.long))  # [B, N]
-    steps = max(1, state.steps // state.num_blocks)
     n = region_blocks(state, score.shape[1])
-    base = blk[:, :1].clamp(min=0)  # [B, 1] the region's first block
+    base, rel = _relative(blk, n)  # [B, 1] the region's first block, [B, R]
     cols = (base + torch.arange(n, device=score.device)[None, :]).clamp(max=taken.shape[1] - 1)  # [B, N']
-    rel = (blk - base).clamp(0, n - 1)
     left = torch.zeros(score.shape[0], n, dtype=torch.long, device=score.device)
     left.scatter_add_(1, rel, (cand & full).long())  # [B, N'] masks of each fully activated block
     done = taken.gather(1, cols)
     k = torch.where(done >= steps - 1, left, -(-left // (steps - done).clamp(min=1)))
     pick = block_top(score, cand & full, blk, k, state.block_length)
-    taken.scatter_add_(1, cols, (left > 0).long() * (cols >= base).long())
+    taken.scatter_add_(1, cols, (left > 0).long())
     return pick
