@@ -54,7 +54,10 @@ def gumbel_proposals(
     top_p: float | None = None,
     top_k: int | None = None,
     generator: torch.Generator | None = None,
+    only: torch.Tensor | None = None,  # [B, R] bool: the slots whose proposals are read
 ) -> tuple[torch.Tensor, torch.Tensor]:  # x0 [B, R] long, confidence [B, R] float64
+    if only is not None and temperature == 0 and logits.device.type == "cpu":
+        return _greedy_at(logits, only, mask_id=mask_id, top_p=top_p, top_k=top_k)
     pick = top_p_filter(top_k_filter(logits, top_k), top_p)
     pick = _no_mask(pick, mask_id)
     if temperature > 0:
@@ -64,6 +67,28 @@ def gumbel_proposals(
     x0 = pick.argmax(-1)
     p = torch.softmax(logits.to(torch.float64), dim=-1)
     conf = p.gather(-1, x0[..., None]).squeeze(-1)
+    return x0, conf
+
+
+def _greedy_at(
+    logits: torch.Tensor, only: torch.Tensor, *, mask_id: int, top_p: float | None, top_k: int | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``gumbel_proposals`` at temperature 0 computed at the ``only`` slots alone (the others read x0 0 and
+    confidence 0, which a sampler reading only those slots never sees). Every operation is row-wise (filters,
+    argmax, float64 softmax), so the slots computed get exactly the values of the whole-region call; on the CPU
+    the float64 softmax over the vocabulary is most of a sampler's work, and a step's candidates are often a
+    fraction of its region. Not on a GPU, where the whole region is one kernel and listing the slots would sync."""
+    b, r, v = logits.shape
+    idx = only.reshape(-1).nonzero().squeeze(1)  # [n]
+    sub = logits.reshape(b * r, v).index_select(0, idx)  # [n, V], a copy
+    conf_all = torch.softmax(sub.to(torch.float64), dim=-1)
+    pick = top_p_filter(top_k_filter(sub, top_k), top_p)
+    if mask_id < v:
+        pick[:, mask_id] = float("-inf")  # a copy already (index_select, or a filter's masked_fill)
+    x0s = pick.argmax(-1)  # [n]
+    conf_s = conf_all.gather(-1, x0s[:, None]).squeeze(-1)
+    x0 = torch.zeros(b * r, dtype=torch.long).index_copy_(0, idx, x0s).view(b, r)
+    conf = torch.zeros(b * r, dtype=torch.float64).index_copy_(0, idx, conf_s).view(b, r)
     return x0, conf
 
 

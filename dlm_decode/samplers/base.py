@@ -178,8 +178,16 @@ class Sampler:
         raise NotImplementedError(f"{self.name}: returned drafts but has no verify")
 
     # helpers shared by the LLaDA-family samplers
-    def proposals(self, state: DecodeState, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def proposals(
+        self, state: DecodeState, logits: torch.Tensor, r0: int | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``gumbel_proposals`` of the region's logits; given the region start ``r0``, a sampler that reads only its
+        candidates (``traits.reads_candidates_only``) gets them computed at its candidates alone (the other slots
+        read x0 0, confidence 0), which changes nothing it reads."""
         c = state.config
+        only = None
+        if r0 is not None and self.traits.reads_candidates_only:
+            only = candidates(state, r0, r0 + logits.shape[1])
         return gumbel_proposals(
             logits,
             mask_id=state.mask_id,
@@ -187,6 +195,7 @@ class Sampler:
             top_p=c.top_p,
             top_k=c.top_k,
             generator=state.generator,
+            only=only,
         )
 
 

@@ -44,7 +44,7 @@ class LocalLeap(Sampler):
         return {"radius": (block - 1, "the block length - 1")}  # neighbours of an anchor inside its block
 
     def select(self, state: DecodeState, logits: torch.Tensor, r0: int) -> Selection:
-        x0, conf = self.proposals(state, logits)  # [B, R], [B, R] float64
+        x0, conf = self.proposals(state, logits, r0)  # [B, R], [B, R] float64
         cand = candidates(state, r0, r0 + logits.shape[1])
         anchors = cand & (conf >= self.kappa)
         near = dilate(anchors, self.radius)  # [B, R] the anchors' neighbourhood

@@ -52,7 +52,7 @@ class Threshold(Sampler):
         return multi_block.rule_of(self, "per_block", self.early_stop)
 
     def select(self, state: DecodeState, logits: torch.Tensor, r0: int) -> Selection:
-        x0, conf = self.proposals(state, logits)  # [B, R], [B, R] float64
+        x0, conf = self.proposals(state, logits, r0)  # [B, R], [B, R] float64
         cand = candidates(state, r0, r0 + logits.shape[1])
         sure = cand & (conf >= self.threshold)
         if state.cursor.frontier is not None:  # several blocks in flight
