@@ -34,7 +34,7 @@ def test_only_is_ignored_when_drawing():
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])  # the draws cover the whole region, as the reference
 
 
-@pytest.mark.parametrize("sampler", ["threshold", "low_confidence", "factor", "local_leap"])
+@pytest.mark.parametrize("sampler", ["threshold", "low_confidence", "factor", "local_leap", "entropy_threshold"])
 def test_samplers_decode_as_before_narrowing(llada, sampler, monkeypatch):
     prompts = [[5, 9, 17, 3, 22, 8, 40, 11], [7, 30, 2, 19]]
     cfg = dict(gen_length=24, block_length=8, steps=12, sampler=sampler, trace=True)

@@ -63,7 +63,7 @@ class EntropyThreshold(Sampler):
         return multi_block.rule_of(self, "global", self.early_stop)
 
     def select(self, state: DecodeState, logits: torch.Tensor, r0: int) -> Selection:
-        x0, _ = self.proposals(state, logits)
+        x0, _ = self.proposals(state, logits, r0)
         h = entropy(logits)  # [B, R]
         cand = candidates(state, r0, r0 + logits.shape[1])
         sure = cand & (h <= self.eta)
