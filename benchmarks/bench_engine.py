@@ -7,8 +7,10 @@ A request stream (seeded): prompt lengths drawn from ``--prompt-lengths`` (defau
 ``--gen-lengths`` (32-256, multiples of the block 32), samplers alternating ``threshold`` (0.9) and
 ``low_confidence`` (steps = gen / 2), every request with the ``--cache`` (default ``prefix``). Models: a random LLaDA
 (``--model llada``: d_model ``--width``, ``--layers``, vocab ``--vocab``), a random LLaDA2 (``--model llada2``:
-hidden ``--width``, 8 routed experts) or a shipped demo model (``--model demo-llada2``: ParallelBench-style prompts
-from the task generator, whose answers stop at EOS in different blocks).
+hidden ``--width``, 8 routed experts), a random LLaDA of a published shape on ``--device`` in ``--dtype``
+(``--model random:llada-8b``: LLaDA-8B's widths, ``--layers`` of them; issue 74's GPU target) or a shipped demo
+model (``--model demo-llada2``: ParallelBench-style prompts from the task generator, whose answers stop at EOS in
+different blocks).
 
 Offline (every request present at the start), three ways, the order rotating per repeat (interleaved), median:
 * ``engine``: ``Engine(max_batch).generate_many(stream)``;
@@ -52,6 +54,11 @@ BLOCK = 32
 
 def build_model(args) -> tuple[Any, Any]:
     """(model, tokenizer or None) for ``--model``."""
+    if args.model.startswith("random:"):  # a published shape (``random_models.RANDOM_SHAPES``), on --device
+        from random_models import random_llada
+
+        shape = args.model.split(":", 1)[1]
+        return random_llada(args.device, shape, layers=args.layers, dtype=args.dtype), None
     if args.model == "llada":
         from dlm_decode.models.llada import LLaDAConfig, LLaDAModelLM
 
@@ -271,7 +278,13 @@ def pair(text: str, name: str) -> tuple[int, int]:
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default="llada", help="llada | llada2 (random checkpoints) | a demo model name")
+    ap.add_argument(
+        "--model",
+        default="llada",
+        help="llada | llada2 (random checkpoints) | random:SHAPE (e.g. random:llada-8b) | a demo model",
+    )
+    ap.add_argument("--device", default="cpu", help="random:SHAPE models only (e.g. cuda)")
+    ap.add_argument("--dtype", default="float32", help="random:SHAPE models only (float32, bfloat16, float16)")
     ap.add_argument("--width", type=int, default=1024, help="random models: d_model / hidden size")
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--vocab", type=int, default=32000)
@@ -301,6 +314,15 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if any(x <= 0 for x in args.loads):
         raise ValueError("--loads must be positive")
+    if args.dtype not in ("float32", "bfloat16", "float16"):
+        raise ValueError(f"--dtype must be float32, bfloat16 or float16, got {args.dtype!r}")
+    if args.model.startswith("random:"):
+        from random_models import RANDOM_SHAPES
+
+        if args.model.split(":", 1)[1] not in RANDOM_SHAPES:
+            raise ValueError(f"--model random:SHAPE takes one of {sorted(RANDOM_SHAPES)}, got {args.model!r}")
+    elif args.device != "cpu" or args.dtype != "float32":
+        raise ValueError(f"--device / --dtype other than cpu / float32 need --model random:SHAPE, got {args.model!r}")
     return args
 
 
@@ -311,11 +333,12 @@ def main(argv: list[str] | None = None) -> int:
     stream = make_stream(model, tok, args)
     with torch.no_grad():
         run_engine(model, tok, stream[:2], args)  # warm-up
-        random = args.model in ("llada", "llada2")  # a demo model has its own widths
+        random = args.model in ("llada", "llada2") or args.model.startswith("random:")  # a demo model: its own
         result: dict[str, Any] = {"model": args.model} | (
-            {"width": args.width, "layers": args.layers} if random else {}
+            {"width": model.get_input_embeddings().weight.shape[1], "layers": args.layers} if random else {}
         )
         result |= {"max_batch": args.max_batch, "requests": args.requests, "threads": torch.get_num_threads()}
+        result |= {"device": args.device, "dtype": args.dtype}
         result["offline"] = off = offline(model, tok, stream, args)
         print(f"offline: {json.dumps(off)}", flush=True)
         if args.online_requests:

@@ -15,7 +15,10 @@
 #      diffusion target: the exact cache eager and with step graphs against the reference's uncached rule and an
 #      SDAR-style loop, each way's share of the roofline counting the routed experts a forward reaches;
 #      $BD_BATCHES, $REPEATS, $BD_GEN override).
-# Usage: bash benchmarks/gpu_checks.sh OUTDIR [tests|attention|caches|tune|versus8b|profile8b|blockdiff ...]
+#   8. engine8b: bench_engine.py on a random LLaDA of LLaDA-8B's widths in bf16 (issue 74's GPU target: the engine's
+#      tokens/s at 16 rows against one request at a time and static batches; $ENGINE_LAYERS (32), $ENGINE_REQUESTS
+#      (32), $ENGINE_CACHE (dual) override; offline only).
+# Usage: bash benchmarks/gpu_checks.sh OUTDIR [tests|attention|caches|tune|versus8b|profile8b|blockdiff|engine8b ...]
 #        (default: tests attention caches)
 # Runs from a checkout without installing (PYTHONPATH); writes gpu_tests.log, attention.jsonl, caches*.log, tune.log,
 # versus8b.log.
@@ -84,6 +87,12 @@ CASES
       --batches "${BD_BATCHES:-1}" --gen "${BD_GEN:-256}" --repeats "${REPEATS:-2}" 2>&1 |
       tee "$out/blockdiff${TAG:-}.log" | grep -v '^{'
     ;;
-  *) echo "unknown part $part (tests, attention, caches, tune, versus8b, profile8b, blockdiff)" >&2; exit 2 ;;
+  engine8b)
+    python3 benchmarks/bench_engine.py --model random:llada-8b --layers "${ENGINE_LAYERS:-32}" --device cuda \
+      --dtype bfloat16 --max-batch 16 --requests "${ENGINE_REQUESTS:-32}" --online-requests 0 \
+      --prompt-lengths 16-512 --gen-lengths 32-256 --cache "${ENGINE_CACHE:-dual}" --repeats 1 2>&1 |
+      tee "$out/engine8b${TAG:-}.log" | grep -v '^{'
+    ;;
+  *) echo "unknown part $part (tests, attention, caches, tune, versus8b, profile8b, blockdiff, engine8b)" >&2; exit 2 ;;
   esac
 done

@@ -212,13 +212,27 @@ def test_bench_engine_runs_every_part_and_prints_json_last(capsys):
 @pytest.mark.parametrize(
     "argv, words",
     [(["--gen-lengths", "40-64"], "multiple of the block"), (["--prompt-lengths", "9"], "LO-HI"),
-     (["--loads", "0.5,x"], "--loads"), (["--max-batch", "0"], "--max-batch")],
+     (["--loads", "0.5,x"], "--loads"), (["--max-batch", "0"], "--max-batch"),
+     (["--model", "random:llada-9b"], "random:SHAPE takes one of"), (["--dtype", "int8"], "--dtype must be"),
+     (["--device", "cuda"], "need --model random:SHAPE")],
 )  # fmt: skip
 def test_bench_engine_refuses_bad_options_before_building_a_model(argv, words, monkeypatch):
     bench_engine = load_script("benchmarks/bench_engine.py")
     monkeypatch.setattr(bench_engine, "build_model", lambda args: pytest.fail("built a model"))
     with pytest.raises(ValueError, match=words):
         bench_engine.main(argv)
+
+
+def test_bench_engine_takes_a_published_shape_on_a_device(capsys):
+    """``--model random:SHAPE`` (the GPU target's LLaDA-8B widths, here the tiny shape on the CPU): the engine's
+    tokens equal static batches' and alone's, the JSON records the shape's width, device and dtype."""
+    bench_engine = load_script("benchmarks/bench_engine.py")
+    argv = ["--model", "random:tiny", "--layers", "1", "--requests", "3", "--online-requests", "0", "--repeats", "1"]
+    argv += ["--prompt-lengths", "8-24", "--gen-lengths", "32-64", "--max-batch", "2", "--cache", "dual"]
+    assert bench_engine.main(argv) == 0
+    last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert last["offline"]["same_tokens"] is True and last["offline"]["tokens"] > 0
+    assert (last["width"], last["layers"], last["device"], last["dtype"]) == (128, 1, "cpu", "float32")
 
 
 def test_serving_benchmark_runs_every_setup_and_prints_json_last(capsys):
