@@ -179,15 +179,13 @@ class Sampler:
 
     # helpers shared by the LLaDA-family samplers
     def proposals(
-        self, state: DecodeState, logits: torch.Tensor, r0: int | None = None
+        self, state: DecodeState, logits: torch.Tensor, cand: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``gumbel_proposals`` of the region's logits; given the region start ``r0``, a sampler that reads only its
-        candidates (``traits.reads_candidates_only``) gets them computed at its candidates alone (the other slots
+        """``gumbel_proposals`` of the region's logits; given the step's candidates ``cand`` [B, R], a sampler that
+        reads only its candidates (``traits.reads_candidates_only``) gets them computed there alone (the other slots
         read x0 0, confidence 0), which changes nothing it reads."""
         c = state.config
-        only = None
-        if r0 is not None and self.traits.reads_candidates_only:
-            only = candidates(state, r0, r0 + logits.shape[1])
+        only = cand if self.traits.reads_candidates_only else None
         return gumbel_proposals(
             logits,
             mask_id=state.mask_id,

@@ -63,9 +63,9 @@ class EntropyThreshold(Sampler):
         return multi_block.rule_of(self, "global", self.early_stop)
 
     def select(self, state: DecodeState, logits: torch.Tensor, r0: int) -> Selection:
-        x0, _ = self.proposals(state, logits, r0)
-        h = entropy(logits)  # [B, R]
         cand = candidates(state, r0, r0 + logits.shape[1])
+        x0, _ = self.proposals(state, logits, cand)
+        h = entropy(logits)  # [B, R]
         sure = cand & (h <= self.eta)
         if state.cursor.frontier is not None:  # several blocks in flight
             commit = multi_block.global_pick(state, -h, sure, cand, r0, best=self.global_best)

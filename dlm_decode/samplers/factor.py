@@ -48,8 +48,8 @@ class Factor(Sampler):
             raise ValueError(f"{self.name}: factor must be a finite number > 0, got {self.factor!r}")
 
     def select(self, state: DecodeState, logits: torch.Tensor, r0: int) -> Selection:
-        x0, conf = self.proposals(state, logits, r0)
         cand = candidates(state, r0, r0 + logits.shape[1])
+        x0, conf = self.proposals(state, logits, cand)
         k = factor_counts(conf, cand, self.factor)
         score = torch.where(cand, conf, float("-inf"))
         return Selection(commit=top_k_per_row(score, k) & cand, tokens=x0)

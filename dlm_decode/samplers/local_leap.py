@@ -44,8 +44,8 @@ class LocalLeap(Sampler):
         return {"radius": (block - 1, "the block length - 1")}  # neighbours of an anchor inside its block
 
     def select(self, state: DecodeState, logits: torch.Tensor, r0: int) -> Selection:
-        x0, conf = self.proposals(state, logits, r0)  # [B, R], [B, R] float64
         cand = candidates(state, r0, r0 + logits.shape[1])
+        x0, conf = self.proposals(state, logits, cand)  # [B, R], [B, R] float64
         anchors = cand & (conf >= self.kappa)
         near = dilate(anchors, self.radius)  # [B, R] the anchors' neighbourhood
         passes = torch.where(near, conf >= self.tau_relaxed, conf >= self.kappa)

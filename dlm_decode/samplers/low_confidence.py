@@ -51,8 +51,8 @@ class LowConfidence(Sampler):
         return conf
 
     def select(self, state: DecodeState, logits: torch.Tensor, r0: int) -> Selection:
-        x0, conf = self.proposals(state, logits, r0)
         cand = candidates(state, r0, r0 + logits.shape[1])
+        x0, conf = self.proposals(state, logits, cand)
         if state.cursor.frontier is not None:  # several blocks in flight
             steps = self.steps_per_block(state)
             commit = multi_block.scheduled(state, f"{self.name}/block_steps", self.score(state, conf), cand, r0, steps)

@@ -52,8 +52,8 @@ class Threshold(Sampler):
         return multi_block.rule_of(self, "per_block", self.early_stop)
 
     def select(self, state: DecodeState, logits: torch.Tensor, r0: int) -> Selection:
-        x0, conf = self.proposals(state, logits, r0)  # [B, R], [B, R] float64
         cand = candidates(state, r0, r0 + logits.shape[1])
+        x0, conf = self.proposals(state, logits, cand)  # [B, R], [B, R] float64
         sure = cand & (conf >= self.threshold)
         if state.cursor.frontier is not None:  # several blocks in flight
             return Selection(commit=multi_block.per_block(state, conf, sure, cand, r0), tokens=x0)
