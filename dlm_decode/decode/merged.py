@@ -11,7 +11,8 @@ A shared call (``_shared_logits``) lays the units' canvases side by side, right-
 is never computed and never visible: each row's key mask ends at its own canvas), so every slot keeps the column it
 has alone and the prompts need no re-layout. Each row computes its own slots (its plan's compute, as slot ids padded
 by repeats of its last one, which ``plans.rows_to_index`` documents as never changing a result), and reads the
-hidden states behind its own region (its own start and width). The attention runs over the units' rows of the
+hidden states behind its own region (its own start and width); the LM head, most of a step's cost at a large
+vocabulary, runs over the units' read rows alone, laid end to end, never over the padding. The attention runs over the units' rows of the
 shared store (``cache.arena``), where each unit's cache already writes. Per unit the statistics count its own
 computed slots, as alone; ``run_forwards`` returns how many model calls the step made.
 
@@ -183,11 +184,13 @@ def _shared_logits(model: Any, items: list[Item], arena: Arena | None, stored: b
         hid = model.hidden_states(
             canvas[:, :c], pos[:, :c], slots=slice(0, c), key_mask=visible[:, :c] & own, rows=want, **kw
         )
-    logits = model.output_logits(hid)  # [k, N, V]
+    # the LM head over each unit's own rows only, never the padding: [1, sum N_i, V]
+    sizes = [w.shape[1] for w in wants]
+    logits = model.output_logits(torch.cat([hid[i, :n] for i, n in enumerate(sizes)])[None]).split(sizes, 1)
     out = []
     for i, (_, pending) in enumerate(items):
         r0, r1 = pending.region
-        mine = logits[i : i + 1, : wants[i].shape[1]]
+        mine = logits[i]  # [1, N_i, V]
         read = None if pending.narrow is None else pending.narrow.slots
         if read is not None:
             mine = mine.new_zeros(1, r1 - r0, mine.shape[-1]).scatter_(1, read[..., None].expand_as(mine), mine)
