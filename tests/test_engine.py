@@ -257,3 +257,35 @@ def test_a_cancel_right_after_submit_is_kept_in_order_by_the_thread(llada):
         assert eng.cancel(h) == "cancelled"
         assert h.result(timeout=60).finish_reason == "cancelled"
     eng.stop()
+
+
+def test_the_lm_head_runs_over_each_requests_own_slots_only(llada, monkeypatch):
+    """The LM head (most of a step at a large vocabulary) runs over the slots each request reads, never over a shared
+    call's or a static batch's padding: the rows it computes in the engine and in one static batch add up to those of
+    the requests alone (the samplers read only their candidates; no cache here restricts them)."""
+    reqs = []
+    for i, cache in enumerate(["none", "prefix", "dual", "prefix", "dual"]):
+        opts = options("threshold" if i % 2 else "low_confidence", cache, i)
+        reqs.append((PROMPTS[i % len(PROMPTS)], opts))
+    rows: list[int] = []
+    head = llada.output_logits
+
+    def counted(hid):
+        rows.append(hid.shape[0] * hid.shape[1])
+        return head(hid)
+
+    monkeypatch.setattr(llada, "output_logits", counted)
+    expect = [alone(llada, p, o) for p, o in reqs]
+    alone_rows = sum(rows)
+    rows.clear()
+    _, results = run_staggered(llada, [(p, o, e) for (p, o), e in zip(reqs, expect, strict=True)], max_batch=5)
+    assert [(r.generated_ids, r.nfe) for r in results] == expect
+    assert sum(rows) == alone_rows
+    same = {k: v for k, v in reqs[1][1].items()}  # one static batch of three prompts with one set of options
+    rows.clear()
+    for p in PROMPTS[:3]:
+        alone(llada, p, same)
+    alone_rows = sum(rows)
+    rows.clear()
+    dlm_decode.generate(llada, PROMPTS[:3], **same)
+    assert sum(rows) == alone_rows

@@ -12,9 +12,9 @@ is never computed and never visible: each row's key mask ends at its own canvas)
 has alone and the prompts need no re-layout. Each row computes its own slots (its plan's compute, as slot ids padded
 by repeats of its last one, which ``plans.rows_to_index`` documents as never changing a result), and reads the
 hidden states behind its own region (its own start and width); the LM head, most of a step's cost at a large
-vocabulary, runs over the units' read rows alone, laid end to end, never over the padding. The attention runs over the units' rows of the
-shared store (``cache.arena``), where each unit's cache already writes. Per unit the statistics count its own
-computed slots, as alone; ``run_forwards`` returns how many model calls the step made.
+vocabulary, runs over the units' read rows alone, laid end to end, never over the padding. The attention runs over
+the units' rows of the shared store (``cache.arena``), where each unit's cache already writes. Per unit the
+statistics count its own computed slots, as alone; ``run_forwards`` returns how many model calls the step made.
 
 Float results of the projections can depend on how many rows a matrix product has (which kernel a library picks):
 the tokens are those of the unit alone wherever the products are batch-invariant, as on the CPU in float32, where

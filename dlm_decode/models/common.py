@@ -59,6 +59,22 @@ def end_ids(config: Any, tokenizer: Any | None, *tokens: str) -> None:
         config.extra_eos_token_ids = sorted(set(getattr(config, "extra_eos_token_ids", None) or []) | found)
 
 
+
+def _head_unpadded(head: Any, hid: torch.Tensor, read: torch.Tensor, width: int) -> torch.Tensor:
+    """[B, width, V] logits from ``hid`` [B, N, D] at ``read`` [B, N] offsets (zeros elsewhere), the LM head run
+    once over the rows laid end to end without each row's trailing repeats of its last offset (the padding of
+    ``plans.rows_to_index``; a repeat computes the same logits again). At a large vocabulary the head is most of a
+    step, and a static batch's rows are padded to its busiest row's count. The counts are read on the host: for
+    the CPU, where that costs no sync."""
+    b, n = read.shape
+    tail = (read == read[:, -1:]).flip(1).long().cumprod(1).sum(1)  # [B] the trailing run of the last offset
+    sizes = (n - tail + 1).tolist()
+    logits = head(torch.cat([hid[i, :k] for i, k in enumerate(sizes)])[None])  # [1, sum sizes, V]
+    out = logits.new_zeros(b, width, logits.shape[-1])
+    for i, part in enumerate(logits.split(sizes, 1)):
+        out[i].index_copy_(0, read[i, : sizes[i]], part[0])
+    return out
+
 class RMSNorm(nn.Module):
     """RMSNorm computed in fp32, cast back to the input dtype, then scaled (LLaDA and Qwen2 agree on this order)."""
 
@@ -425,6 +441,7 @@ class DiffusionLMMixin:
         nearest computed slot; cache policies always compute the states behind masked region slots. ``read``
         (offsets ``0 .. R-1``, repeats allowed): only those slots get logits, the others zeros; the hidden states
         behind them alone go through the last layer's attention output and MLP, the final norm and the LM head.
+        On the CPU the head of a batch skips each row's trailing repeats (``_head_unpadded``).
         ``store``: the K/V store, with the forward's rows of it and whether it is written (a ``KVAccess``).
         ``block_length``: for a block-causal model (``block_causal``), a query sees its own block and the earlier ones
         of the absolute position grid; None on the bidirectional models. ``answer_blocks`` (a ``visibility.
@@ -463,8 +480,10 @@ class DiffusionLMMixin:
                 )
             kw["answer_blocks"] = answer_blocks
         hid = self.hidden_states(ids, pos, kv=kv, slots=slots, key_mask=key_mask, key_index=key_index, rows=rows, **kw)
-        logits = self.output_logits(hid)  # [B, R, V] or [B, N, V]
         if read is None:
-            return logits
+            return self.output_logits(hid)  # [B, R, V]
+        if b > 1 and hid.device.type == "cpu":  # the head over each row's own slots, never its padding
+            return _head_unpadded(self.output_logits, hid, read, r1 - r0)
+        logits = self.output_logits(hid)  # [B, N, V]
         out = logits.new_zeros(b, r1 - r0, logits.shape[-1])
         return out.scatter_(1, read[..., None].expand_as(logits), logits)
