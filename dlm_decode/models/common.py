@@ -59,7 +59,6 @@ def end_ids(config: Any, tokenizer: Any | None, *tokens: str) -> None:
         config.extra_eos_token_ids = sorted(set(getattr(config, "extra_eos_token_ids", None) or []) | found)
 
 
-
 def _head_unpadded(head: Any, hid: torch.Tensor, read: torch.Tensor, width: int) -> torch.Tensor:
     """[B, width, V] logits from ``hid`` [B, N, D] at ``read`` [B, N] offsets (zeros elsewhere), the LM head run
     once over the rows laid end to end without each row's trailing repeats of its last offset (the padding of
@@ -74,6 +73,7 @@ def _head_unpadded(head: Any, hid: torch.Tensor, read: torch.Tensor, width: int)
     for i, part in enumerate(logits.split(sizes, 1)):
         out[i].index_copy_(0, read[i, : sizes[i]], part[0])
     return out
+
 
 class RMSNorm(nn.Module):
     """RMSNorm computed in fp32, cast back to the input dtype, then scaled (LLaDA and Qwen2 agree on this order)."""
