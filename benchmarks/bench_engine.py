@@ -6,8 +6,9 @@ Poisson arrivals, and the K/V memory each holds.
 A request stream (seeded): prompt lengths drawn from ``--prompt-lengths`` (default 16-512), gen lengths from
 ``--gen-lengths`` (32-256, multiples of the block 32), samplers alternating ``threshold`` (0.9) and
 ``low_confidence`` (steps = gen / 2), every request with the ``--cache`` (default ``prefix``). Models: a random LLaDA
-(``--model llada``: d_model ``--width``, ``--layers``, vocab ``--vocab``), a random LLaDA2 (``--model llada2``:
-hidden ``--width``, 8 routed experts), a random LLaDA of a published shape on ``--device`` in ``--dtype``
+(``--model llada``: d_model ``--width``, ``--layers``, vocab ``--vocab``; its weights in ``load_model``'s layout),
+a random LLaDA2 (``--model llada2``: hidden ``--width``, 8 routed experts), a random LLaDA of a published shape on
+``--device`` in ``--dtype``
 (``--model random:llada-8b``: LLaDA-8B's widths, ``--layers`` of them; issue 74's GPU target) or a shipped demo
 model (``--model demo-llada2``: ParallelBench-style prompts from the task generator, whose answers stop at EOS in
 different blocks).
@@ -48,6 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 import dlm_decode  # noqa: E402
 from dlm_decode.engine import Engine  # noqa: E402
+from dlm_decode.models.layout import set_layout  # noqa: E402
 
 BLOCK = 32
 
@@ -73,6 +75,7 @@ def build_model(args) -> tuple[Any, Any]:
         with torch.no_grad():  # spread the logits so confidences vary like a trained model's
             model.model.transformer.ff_out.weight.mul_(40.0 * (128 / w) ** 0.5)
             model.model.transformer.ff_out.weight[v - 1] = 0.0
+        set_layout(model, "auto")  # as ``load_model`` stores a checkpoint's weights (column-major on the CPU in fp32)
         return model, None
     if args.model == "llada2":
         from llada2_reference import write_llada2
