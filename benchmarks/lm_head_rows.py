@@ -8,7 +8,8 @@ LLaDA at d_model 1024 with LLaDA's 126,464-word vocabulary), what the engine gai
 forward is what the product gains from more rows: per row, ``t(R) / R`` against ``t(R * 8) / (R * 8)``. Where the
 product is bound by reading the weights (a GPU, or a small R) that gain is large; where it is bound by its arithmetic
 (one CPU thread from a few dozen rows) it is small. Per R: the median of ``--repeats`` products
-(``torch.nn.functional.linear``, float32, random weights), milliseconds a row, GFLOP/s, and ``gain_at_8x``: a row's
+(``torch.nn.functional.linear``, float32, random weights, stored as ``--layout`` says: ``decode``, column-major as
+``load_model`` stores them on the CPU, or ``official``), milliseconds a row, GFLOP/s, and ``gain_at_8x``: a row's
 time at R over its time at 8R (when 8R was measured). The last line is one JSON object with the thread count.
 """
 
@@ -29,6 +30,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--rows", default="1,4,8,16,32,64,128,256", help="comma-separated row counts")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument(
+        "--layout",
+        choices=["decode", "official"],
+        default="decode",
+        help="the weight stored column-major, as load_model stores it on the CPU in fp32 (decode), or row-major",
+    )
     args = ap.parse_args(argv)
     try:
         args.rows = [int(x) for x in args.rows.split(",")]
@@ -47,6 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     g = torch.Generator().manual_seed(0)
     weight = torch.randn(args.vocab, args.width, generator=g)  # [V, d]
+    if args.layout == "decode":  # the same values, [d, V] in memory (``dlm_decode.models.layout``)
+        weight = weight.t().contiguous().t()
     per_rows: dict[int, float] = {}
     for r in args.rows:
         x = torch.randn(r, args.width, generator=g)  # [R, d]
@@ -65,7 +74,8 @@ def main(argv: list[str] | None = None) -> int:
         out[str(r)] = row
         gain = f"  gain at 8x rows {row['gain_at_8x']:.2f}x" if "gain_at_8x" in row else ""
         print(f"rows {r:5d}: {row['ms_a_row']:8.2f} ms a row, {row['gflops']:6.1f} GFLOP/s{gain}")
-    print(json.dumps({"vocab": args.vocab, "width": args.width, "rows": out, "threads": torch.get_num_threads()}))
+    info = {"vocab": args.vocab, "width": args.width, "layout": args.layout, "rows": out}
+    print(json.dumps(info | {"threads": torch.get_num_threads()}))
     return 0
 
 

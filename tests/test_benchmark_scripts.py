@@ -342,7 +342,7 @@ def test_lm_head_rows_reports_each_row_count_and_the_gain_at_eight_times_the_row
     script = load_script("benchmarks/lm_head_rows.py")
     assert script.main(["--vocab", "300", "--width", "16", "--rows", "1,2,8", "--repeats", "2"]) == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert set(out["rows"]) == {"1", "2", "8"} and out["threads"] == 1
+    assert set(out["rows"]) == {"1", "2", "8"} and out["threads"] == 1 and out["layout"] == "decode"
     for row in out["rows"].values():  # GFLOP/s = 2 R d V / (ms a row * R / 1000) / 1e9
         assert row["gflops"] == pytest.approx(2 * 16 * 300 / (row["ms_a_row"] / 1000) / 1e9)
     assert "gain_at_8x" in out["rows"]["1"] and "gain_at_8x" not in out["rows"]["2"]
@@ -352,7 +352,8 @@ def test_lm_head_rows_reports_each_row_count_and_the_gain_at_eight_times_the_row
 
 def test_lm_head_rows_refuses_bad_row_counts(capsys):
     script = load_script("benchmarks/lm_head_rows.py")
-    for argv, words in ((["--rows", "1,x"], "comma-separated"), (["--rows", "0"], ">= 1"), (["--width", "0"], ">= 1")):
+    bad = [(["--rows", "1,x"], "comma-separated"), (["--rows", "0"], ">= 1"), (["--width", "0"], ">= 1")]
+    for argv, words in bad + [(["--layout", "rows"], "invalid choice")]:
         with pytest.raises(SystemExit):
             script.main(argv)
         assert words in capsys.readouterr().err
