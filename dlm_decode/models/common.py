@@ -67,12 +67,11 @@ def _head_unpadded(head: Any, hid: torch.Tensor, read: torch.Tensor, width: int)
     the CPU, where that costs no sync."""
     b, n = read.shape
     tail = (read == read[:, -1:]).flip(1).long().cumprod(1).sum(1)  # [B] the trailing run of the last offset
-    sizes = (n - tail + 1).tolist()
-    logits = head(torch.cat([hid[i, :k] for i, k in enumerate(sizes)])[None])  # [1, sum sizes, V]
-    out = logits.new_zeros(b, width, logits.shape[-1])
-    for i, part in enumerate(logits.split(sizes, 1)):
-        out[i].index_copy_(0, read[i, : sizes[i]], part[0])
-    return out
+    keep = torch.arange(n, device=read.device)[None, :] <= (n - tail)[:, None]  # [B, N] a row's own offsets
+    logits = head(hid[keep][None])[0]  # [S, V], S = keep.sum()
+    dest = (torch.arange(b, device=read.device)[:, None] * width + read)[keep]  # [S] rows of the flat region
+    out = logits.new_zeros(b * width, logits.shape[-1])
+    return out.index_copy_(0, dest, logits).view(b, width, -1)
 
 
 class RMSNorm(nn.Module):
