@@ -8,10 +8,9 @@ A request stream (seeded): prompt lengths drawn from ``--prompt-lengths`` (defau
 ``low_confidence`` (steps = gen / 2), every request with the ``--cache`` (default ``prefix``). Models: a random LLaDA
 (``--model llada``: d_model ``--width``, ``--layers``, vocab ``--vocab``; its weights in ``load_model``'s layout),
 a random LLaDA2 (``--model llada2``: hidden ``--width``, 8 routed experts), a random LLaDA of a published shape on
-``--device`` in ``--dtype``
-(``--model random:llada-8b``: LLaDA-8B's widths, ``--layers`` of them; issue 74's GPU target) or a shipped demo
-model (``--model demo-llada2``: ParallelBench-style prompts from the task generator, whose answers stop at EOS in
-different blocks).
+``--device`` in ``--dtype`` (``--model random:llada-8b``: LLaDA-8B's widths, ``--layers`` of them; issue 74's GPU
+target) or a shipped demo model (``--model demo-llada2``: ParallelBench-style prompts from the task generator, whose
+answers stop at EOS in different blocks).
 
 Offline (every request present at the start), three ways, the order rotating per repeat (interleaved), median:
 * ``engine``: ``Engine(max_batch).generate_many(stream)``;

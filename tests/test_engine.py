@@ -281,7 +281,7 @@ def test_the_lm_head_runs_over_each_requests_own_slots_only(llada, monkeypatch):
     _, results = run_staggered(llada, [(p, o, e) for (p, o), e in zip(reqs, expect, strict=True)], max_batch=5)
     assert [(r.generated_ids, r.nfe) for r in results] == expect
     assert sum(rows) == alone_rows
-    same = {k: v for k, v in reqs[1][1].items()}  # one static batch of three prompts with one set of options
+    same = reqs[1][1]  # one static batch of three prompts with one set of options
     rows.clear()
     for p in PROMPTS[:3]:
         alone(llada, p, same)
