@@ -19,8 +19,8 @@ Offline (every request present at the start), three ways, the order rotating per
 * ``alone``: ``generate`` one request at a time.
 Tokens/s counts answer tokens (up to the first EOS). The three ways' tokens are compared (``same_tokens``).
 
-Online: arrivals at ``--loads`` (default 0.5, 0.8, 1.0) of the engine's measured offline capacity (requests/s),
-Poisson (seeded), ``--online-requests`` per load. The engine runs in its background thread; the static batcher takes
+Online: arrivals at ``--loads`` (default 0.5, 0.8, 1.0) of the engine's measured offline capacity (requests/s;
+``--capacity`` gives it instead and skips the offline part), Poisson (seeded), ``--online-requests`` per load. The engine runs in its background thread; the static batcher takes
 the oldest waiting request's option group and runs it as soon as ``max_batch`` of them wait or the oldest has waited
 ``--batch-wait`` (0.1 s). Per way: p50 / p95 / p99 latency (arrival to answer) and queueing delay (arrival to the
 first forward), and the ratio of p95s.
@@ -299,6 +299,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--loads", default="0.5,0.8,1.0")
     ap.add_argument("--batch-wait", type=float, default=0.1)
+    ap.add_argument(
+        "--capacity", type=float, default=None,
+        help="requests/s the online loads are fractions of; skips the offline part (default: measure it offline)",
+    )  # fmt: skip
     ap.add_argument("--skip-alone", action="store_true", help="leave out the one-at-a-time way (slow)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
@@ -316,6 +320,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if any(x <= 0 for x in args.loads):
         raise ValueError("--loads must be positive")
+    if args.capacity is not None and (args.capacity <= 0 or not args.online_requests):
+        raise ValueError(f"--capacity must be a positive rate and needs --online-requests, got {args.capacity!r}")
     if args.dtype not in ("float32", "bfloat16", "float16"):
         raise ValueError(f"--dtype must be float32, bfloat16 or float16, got {args.dtype!r}")
     if args.model.startswith("random:"):
@@ -341,11 +347,13 @@ def main(argv: list[str] | None = None) -> int:
         )
         result |= {"max_batch": args.max_batch, "requests": args.requests, "threads": torch.get_num_threads()}
         result |= {"device": args.device, "dtype": args.dtype}
-        result["offline"] = off = offline(model, tok, stream, args)
-        print(f"offline: {json.dumps(off)}", flush=True)
+        if args.capacity is None:
+            result["offline"] = off = offline(model, tok, stream, args)
+            print(f"offline: {json.dumps(off)}", flush=True)
+        result["capacity_rps"] = args.capacity or off["capacity_rps"]
         if args.online_requests:
             args.requests = args.online_requests
-            result["online"] = online(model, tok, make_stream(model, tok, args), off["capacity_rps"], args)
+            result["online"] = online(model, tok, make_stream(model, tok, args), result["capacity_rps"], args)
     print(json.dumps(result))
     return 0
 

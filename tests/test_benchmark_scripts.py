@@ -207,6 +207,19 @@ def test_bench_engine_runs_every_part_and_prints_json_last(capsys):
     on = last["online"]["1"]
     assert on["engine"]["latency"]["p95"] >= on["engine"]["latency"]["p50"] > 0
     assert on["static"]["queueing"]["p50"] >= 0
+    assert last["capacity_rps"] == off["capacity_rps"]
+
+
+def test_bench_engine_takes_a_given_capacity_and_skips_the_offline_part(capsys):
+    """``--capacity``: the online loads are fractions of the given rate (its arrivals that rate's), no offline part."""
+    bench_engine = load_script("benchmarks/bench_engine.py")
+    argv = ["--width", "64", "--layers", "1", "--vocab", "256", "--online-requests", "3", "--capacity", "50"]
+    argv += ["--prompt-lengths", "8-24", "--gen-lengths", "32-32", "--max-batch", "2", "--loads", "0.5"]
+    assert bench_engine.main(argv) == 0
+    out = capsys.readouterr().out
+    last = json.loads(out.strip().splitlines()[-1])
+    assert "offline" not in last and "offline:" not in out and last["capacity_rps"] == 50.0
+    assert last["online"]["0.5"]["rate_rps"] == 25.0
 
 
 @pytest.mark.parametrize(
@@ -214,7 +227,8 @@ def test_bench_engine_runs_every_part_and_prints_json_last(capsys):
     [(["--gen-lengths", "40-64"], "multiple of the block"), (["--prompt-lengths", "9"], "LO-HI"),
      (["--loads", "0.5,x"], "--loads"), (["--max-batch", "0"], "--max-batch"),
      (["--model", "random:llada-9b"], "random:SHAPE takes one of"), (["--dtype", "int8"], "--dtype must be"),
-     (["--device", "cuda"], "need --model random:SHAPE")],
+     (["--device", "cuda"], "need --model random:SHAPE"), (["--capacity", "0"], "--capacity must be"),
+     (["--capacity", "2", "--online-requests", "0"], "needs --online-requests")],
 )  # fmt: skip
 def test_bench_engine_refuses_bad_options_before_building_a_model(argv, words, monkeypatch):
     bench_engine = load_script("benchmarks/bench_engine.py")
