@@ -13,17 +13,19 @@ target) or a shipped demo model (``--model demo-llada2``: ParallelBench-style pr
 answers stop at EOS in different blocks).
 
 Offline (every request present at the start), three ways, the order rotating per repeat (interleaved), median:
-* ``engine``: ``Engine(max_batch).generate_many(stream)``;
+* ``engine``: ``Engine(max_batch, admission).generate_many(stream)`` (``--admission``, default ``longest``: the
+  longest requests start first, the order for an offline list; ``arrival``: as they came);
 * ``static``: ``generate`` in static batches of ``max_batch`` requests grouped by options (the best a caller can do
   without the engine: one call takes one set of options), each group sorted by prompt length;
 * ``alone``: ``generate`` one request at a time.
 Tokens/s counts answer tokens (up to the first EOS). The three ways' tokens are compared (``same_tokens``).
 
 Online: arrivals at ``--loads`` (default 0.5, 0.8, 1.0) of the engine's measured offline capacity (requests/s;
-``--capacity`` gives it instead and skips the offline part), Poisson (seeded), ``--online-requests`` per load. The engine runs in its background thread; the static batcher takes
-the oldest waiting request's option group and runs it as soon as ``max_batch`` of them wait or the oldest has waited
-``--batch-wait`` (0.1 s). Per way: p50 / p95 / p99 latency (arrival to answer) and queueing delay (arrival to the
-first forward), and the ratio of p95s.
+``--capacity`` gives it instead and skips the offline part), Poisson (seeded), ``--online-requests`` per load. The
+engine runs in its background thread, first come first served (``admission="arrival"``, as a server runs it); the
+static batcher takes the oldest waiting request's option group and runs it as soon as ``max_batch`` of them wait or
+the oldest has waited ``--batch-wait`` (0.1 s). Per way: p50 / p95 / p99 latency (arrival to answer) and queueing
+delay (arrival to the first forward), and the ratio of p95s.
 
 Memory: the K/V bytes each way holds: the engine's arena (``max_batch`` rows of the longest canvas) against the
 largest static batch's store. The last line is one JSON object (with the thread count).
@@ -48,6 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 import dlm_decode  # noqa: E402
 from dlm_decode.engine import Engine  # noqa: E402
+from dlm_decode.engine.engine import ADMISSIONS  # noqa: E402
 from dlm_decode.models.layout import set_layout  # noqa: E402
 
 BLOCK = 32
@@ -138,7 +141,7 @@ def options_key(req: dict[str, Any]) -> str:
 
 
 def run_engine(model, tok, stream, args) -> tuple[float, list[list[int]], int]:
-    eng = Engine(model, tok, max_batch=args.max_batch)
+    eng = Engine(model, tok, max_batch=args.max_batch, admission=args.admission)
     start = time.perf_counter()
     results = eng.generate_many([dict(r) for r in stream])
     seconds = time.perf_counter() - start
@@ -299,6 +302,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--loads", default="0.5,0.8,1.0")
     ap.add_argument("--batch-wait", type=float, default=0.1)
+    ap.add_argument("--admission", default="longest", help="the offline engine's order: longest | arrival")
     ap.add_argument(
         "--capacity", type=float, default=None,
         help="requests/s the online loads are fractions of; skips the offline part (default: measure it offline)",
@@ -320,6 +324,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if any(x <= 0 for x in args.loads):
         raise ValueError("--loads must be positive")
+    if args.admission not in ADMISSIONS:
+        raise ValueError(f"--admission must be one of {', '.join(ADMISSIONS)}, got {args.admission!r}")
     if args.capacity is not None and (args.capacity <= 0 or not args.online_requests):
         raise ValueError(f"--capacity must be a positive rate and needs --online-requests, got {args.capacity!r}")
     if args.dtype not in ("float32", "bfloat16", "float16"):
@@ -346,6 +352,7 @@ def main(argv: list[str] | None = None) -> int:
             {"width": model.get_input_embeddings().weight.shape[1], "layers": args.layers} if random else {}
         )
         result |= {"max_batch": args.max_batch, "requests": args.requests, "threads": torch.get_num_threads()}
+        result |= {"admission": args.admission}
         result |= {"device": args.device, "dtype": args.dtype}
         if args.capacity is None:
             result["offline"] = off = offline(model, tok, stream, args)

@@ -202,6 +202,7 @@ def test_bench_engine_runs_every_part_and_prints_json_last(capsys):
     last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     off = last["offline"]
     assert off["same_tokens"] is True and last["threads"] == torch.get_num_threads()
+    assert last["admission"] == "longest"
     assert set(off["tokens_per_s"]) == {"engine", "static", "alone"} and off["tokens"] > 0
     assert off["kv_bytes"]["engine_arena"] > 0
     on = last["online"]["1"]
@@ -228,7 +229,8 @@ def test_bench_engine_takes_a_given_capacity_and_skips_the_offline_part(capsys):
      (["--loads", "0.5,x"], "--loads"), (["--max-batch", "0"], "--max-batch"),
      (["--model", "random:llada-9b"], "random:SHAPE takes one of"), (["--dtype", "int8"], "--dtype must be"),
      (["--device", "cuda"], "need --model random:SHAPE"), (["--capacity", "0"], "--capacity must be"),
-     (["--capacity", "2", "--online-requests", "0"], "needs --online-requests")],
+     (["--capacity", "2", "--online-requests", "0"], "needs --online-requests"),
+     (["--admission", "random"], "--admission must be one of arrival, longest")],
 )  # fmt: skip
 def test_bench_engine_refuses_bad_options_before_building_a_model(argv, words, monkeypatch):
     bench_engine = load_script("benchmarks/bench_engine.py")

@@ -289,3 +289,35 @@ def test_the_lm_head_runs_over_each_requests_own_slots_only(llada, monkeypatch):
     rows.clear()
     dlm_decode.generate(llada, PROMPTS[:3], **same)
     assert sum(rows) == alone_rows
+
+
+def test_longest_admission_starts_the_most_work_first_and_ends_a_list_sooner(llada):
+    """``admission="longest"``: waiting requests start longest gen length first (then longest prompt, then oldest),
+    each decoding as alone, results in input order. A list of four short requests and a long one: taken as they came
+    the long one ends the list alone (8 + 8 + 32 steps); longest first, the short ones run beside it (32 steps)."""
+    reqs = [(PROMPTS[i % 4], 8) for i in range(4)] + [(PROMPTS[1], 32)]
+    opts = [{"sampler": "low_confidence", "gen_length": g, "block_length": 8, "steps": g} for _, g in reqs]
+    expect = [alone(llada, p, o) for (p, _), o in zip(reqs, opts, strict=True)]
+    for admission, steps in (("arrival", 48), ("longest", 32)):
+        eng = Engine(llada, max_batch=2, admission=admission)
+        results = eng.generate_many([{"prompt": p} | o for (p, _), o in zip(reqs, opts, strict=True)])
+        assert [(r.generated_ids, r.nfe) for r in results] == expect, admission
+        assert eng.scheduler.steps == steps, admission
+
+
+def test_longest_admission_orders_by_gen_length_then_prompt_then_arrival(llada):
+    gens = [8, 16, 24, 16, 24]
+    prompts = [PROMPTS[0], PROMPTS[1], PROMPTS[2], PROMPTS[3], PROMPTS[0]]  # 3, 9, 2, 5, 3 ids
+    for admission, order in (("arrival", [0, 1, 2, 3, 4]), ("longest", [4, 2, 1, 3, 0])):
+        eng = Engine(llada, max_batch=1, admission=admission)
+        hs = [eng.submit(p, gen_length=g, block_length=8, steps=g // 2) for p, g in zip(prompts, gens, strict=True)]
+        ended = []
+        while eng.step():
+            ended += [i for i, h in enumerate(hs) if h.done and i not in ended]
+        ended += [i for i, h in enumerate(hs) if i not in ended]
+        assert ended == order, admission
+
+
+def test_an_unknown_admission_is_refused():
+    with pytest.raises(ValueError, match="admission must be one of arrival, longest, got 'shortest'"):
+        Engine(None, admission="shortest")

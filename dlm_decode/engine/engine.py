@@ -11,7 +11,10 @@ Each request is a unit of the step scheduler (``decode.scheduler``, the loop ``g
 options, sampler, cache, seed (its own generator) and K/V row in a shared arena (``cache.arena``). Every step is one
 forward over every running request where their calls agree (``decode.merged``); a request moves to its next block
 as soon as its own block is done, leaves when it is finished or cancelled (its arena row is free for the next), and
-a waiting request joins at the next step while fewer than ``max_batch`` run. ``max_tokens`` (optional) caps the sum
+a waiting request joins at the next step while fewer than ``max_batch`` run: the oldest (``admission="arrival"``,
+first come first served, for serving) or the one with the most work (``"longest"``: the longest gen length, then the
+longest prompt, then the oldest; for offline lists, so the short requests fill the rows around the long ones and a
+list does not end with one long request decoding alone). ``max_tokens`` (optional) caps the sum
 of the running requests' canvas lengths (prompt + generation slots), a bound on a forward's work; ``memory_budget``
 (bytes, optional) caps the K/V arena: a request that would need more fails alone with a message, before any work.
 
@@ -42,6 +45,8 @@ from dlm_decode.engine.request import REQUEST_OPTIONS, EngineResult, Submission,
 from dlm_decode.engine.stream import TextStream, settled_ids
 
 _END = object()
+#: the orders ``Engine(admission=...)`` takes waiting requests in
+ADMISSIONS = ("arrival", "longest")
 
 
 @dataclass(frozen=True)
@@ -115,16 +120,19 @@ class Engine:
         max_tokens: int | None = None,
         memory_budget: int | None = None,
         defaults: dict[str, Any] | None = None,
+        admission: str = "arrival",
     ) -> None:
         for name, value in (("max_batch", max_batch), ("max_tokens", max_tokens), ("memory_budget", memory_budget)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if admission not in ADMISSIONS:
+            raise ValueError(f"admission must be one of {', '.join(ADMISSIONS)}, got {admission!r}")
         unknown = sorted(set(defaults or {}) - set(REQUEST_OPTIONS))
         if unknown:
             raise ValueError(f"unknown default option(s) {', '.join(unknown)}; valid: {', '.join(REQUEST_OPTIONS)}")
         self.model, self.tokenizer = model, tokenizer
         self.max_batch, self.max_tokens, self.memory_budget = max_batch, max_tokens, memory_budget
-        self.defaults = dict(defaults or {})
+        self.defaults, self.admission = dict(defaults or {}), admission
         self.facts = ModelFacts.of_model(model)
         check_call_ids(model, tokenizer)
         n_layers, n_kv, hd = model.kv_shape()
@@ -179,7 +187,9 @@ class Engine:
 
     def generate_many(self, requests: list[Prompt | dict[str, Any]]) -> list[EngineResult]:
         """Decode a list offline: each entry a prompt, or a dict with ``prompt`` and options. A bad entry gets a
-        result with ``finish_reason`` "error" and the message; the others run. Results in input order."""
+        result with ``finish_reason`` "error" and the message; the others run. Results in input order, whatever
+        order ``admission`` decodes them in (``Engine(admission="longest")`` is the faster one for a list whose gen
+        lengths differ)."""
         handles: list[Handle | EngineResult] = []
         for i, r in enumerate(requests):
             opts = dict(r) if isinstance(r, dict) else {"prompt": r}
@@ -268,13 +278,23 @@ class Engine:
 
     def _admit(self) -> None:
         while self._waiting and len(self._live) < self.max_batch:
-            h = self._waiting[0]
+            h = self._next_waiting()
             cost = len(h.submission.prompt_ids) + h.submission.request.config.gen_length
             running = sum(len(lv.handle.submission.prompt_ids) + lv.unit.state.gen_length for lv in self._live.values())
             if self.max_tokens is not None and self._live and running + cost > self.max_tokens:
                 return  # waits for room in the forward
-            self._waiting.popleft()
+            self._waiting.remove(h)
             self._start(h)
+
+    def _next_waiting(self) -> Handle:
+        """The waiting request ``admission`` takes next: the oldest, or the most work (the oldest among equals)."""
+        if self.admission == "arrival":
+            return self._waiting[0]
+
+        def work(h: Handle) -> tuple[int, int]:
+            return h.submission.request.config.gen_length, len(h.submission.prompt_ids)
+
+        return max(self._waiting, key=work)  # ``max`` keeps the first of equal keys: the oldest
 
     def _start(self, h: Handle) -> None:
         sub = h.submission
