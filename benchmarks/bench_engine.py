@@ -352,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
             {"width": model.get_input_embeddings().weight.shape[1], "layers": args.layers} if random else {}
         )
         result |= {"max_batch": args.max_batch, "requests": args.requests, "threads": torch.get_num_threads()}
-        result |= {"admission": args.admission}
+        result |= {"online_requests": args.online_requests, "admission": args.admission}
         result |= {"device": args.device, "dtype": args.dtype}
         if args.capacity is None:
             result["offline"] = off = offline(model, tok, stream, args)

@@ -202,7 +202,7 @@ def test_bench_engine_runs_every_part_and_prints_json_last(capsys):
     last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     off = last["offline"]
     assert off["same_tokens"] is True and last["threads"] == torch.get_num_threads()
-    assert last["admission"] == "longest"
+    assert last["admission"] == "longest" and last["online_requests"] == 3
     assert set(off["tokens_per_s"]) == {"engine", "static", "alone"} and off["tokens"] > 0
     assert off["kv_bytes"]["engine_arena"] > 0
     on = last["online"]["1"]
