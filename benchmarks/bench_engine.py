@@ -347,9 +347,9 @@ def main(argv: list[str] | None = None) -> int:
     stream = make_stream(model, tok, args)
     with torch.no_grad():
         run_engine(model, tok, stream[:2], args)  # warm-up
-        random = args.model in ("llada", "llada2") or args.model.startswith("random:")  # a demo model: its own
+        synthetic = args.model in ("llada", "llada2") or args.model.startswith("random:")  # a demo model: its own
         result: dict[str, Any] = {"model": args.model} | (
-            {"width": model.get_input_embeddings().weight.shape[1], "layers": args.layers} if random else {}
+            {"width": model.get_input_embeddings().weight.shape[1], "layers": args.layers} if synthetic else {}
         )
         result |= {"max_batch": args.max_batch, "requests": args.requests, "threads": torch.get_num_threads()}
         result |= {"online_requests": args.online_requests, "admission": args.admission}
