@@ -145,6 +145,15 @@ def test_generate_until_order_cuts_and_batch_invariance(lms, which):
         assert stats_of(req) == [record] and record["nfe"] >= 1 and record["tokens_per_step"] > 0
     lm.batch_size = 3
     assert lm.generate_until(reqs) == alone
+    # gen lengths mixed in one call (the engine starts the longest first): the same answers, in request order
+    gens = [16, 32, 16, 32]
+    mixed = []
+    for i, (c, g) in enumerate(zip(contexts, gens, strict=True)):
+        mixed.append(_req("generate_until", (c, {"until": [], "max_gen_toks": g}), i))
+    lm.batch_size = 1
+    one = [lm.generate_until([r])[0] for r in mixed]  # each request on its own
+    lm.batch_size = 3
+    assert lm.generate_until(mixed) == one and one[0::2] == alone[0::2]
     # cut at every until string: at the second word of each answer that has one, and a missing string cuts nothing
     cut_reqs, expected = [], []
     for i, (c, a) in enumerate(zip(contexts, alone, strict=True)):

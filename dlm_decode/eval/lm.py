@@ -338,11 +338,11 @@ class DLMDecodeLM(LM):
         self._loaded("generate_until")
         bar = self._bar(len(requests), "generate_until", disable_tqdm)
         per_call = min(self.batch_size, self.options.max_batch)
-        engine = Engine(self.model, self.tokenizer, max_batch=per_call)
+        engine = Engine(self.model, self.tokenizer, max_batch=per_call, admission="longest")  # answers kept in order
         opts = {"sampler": self.sampler, "cache": self.cache}
         handles = [engine.submit(it[1], **opts, **asdict(decode_config(self.options, it[3]))) for it in items]
         done = 0
-        while engine.step():  # every request in flight at once, per_call decoded together
+        while engine.step():  # every request queued at once, per_call decoded together, the longest first
             now = sum(h.done for h in handles)
             bar.update(now - done)
             done = now
